@@ -1,0 +1,191 @@
+// pybind11 boundary: only token ids, scalars, float arrays and byte blobs cross it. Arguments
+// are converted under the GIL, the math runs with the GIL released, and C++ errors surface as
+// typed Python exceptions (ContextOverflow, BadSnapshot, ModelMismatch, BadModel < ZenError).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <thread>
+
+#include "decoder.h"
+
+namespace py = pybind11;
+using namespace zen5;
+
+namespace {
+
+// Holds the Model plus the Python objects that own the memory its weights point into.
+struct PyModel {
+    std::shared_ptr<Model> model;
+    std::vector<py::object> keepalive;
+};
+
+Config config_from_dict(const py::dict& d) {
+    Config c;
+    c.arch = d["arch"].cast<std::string>();
+    c.n_layer = d["n_layer"].cast<int>();
+    c.n_embd = d["n_embd"].cast<int>();
+    c.n_ff = d["n_ff"].cast<int>();
+    c.n_head = d["n_head"].cast<int>();
+    c.n_head_kv = d["n_head_kv"].cast<int>();
+    c.head_dim = d["head_dim"].cast<int>();
+    c.vocab_size = d["vocab_size"].cast<int>();
+    c.n_ctx_train = d["n_ctx_train"].cast<int>();
+    c.rms_eps = d["rms_eps"].cast<float>();
+    c.rope_theta = d["rope_theta"].cast<float>();
+    c.rope_neox = d["rope_neox"].cast<bool>();
+    c.qkv_bias = d["qkv_bias"].cast<bool>();
+    c.qk_norm = d["qk_norm"].cast<bool>();
+    c.tied_output = d["tied_output"].cast<bool>();
+    return c;
+}
+
+py::array_t<float> to_array(const std::vector<float>& v) {
+    py::array_t<float> a(v.size());
+    std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(float));
+    return a;
+}
+
+const Kernels& kernels_for(const std::string& isa) { return kernels_by_name(isa.c_str()); }
+
+using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using U8Array = py::array_t<uint8_t, py::array::c_style>;
+
+void register_kernels(py::module_& m) {
+    // Direct access to each kernel of either table, for the ref-vs-AVX-512 tests.
+    m.def("kernel_matmul", [](const std::string& isa, int type, U8Array w, int64_t rows, int64_t cols, F32Array x) {
+        const Kernels& k = kernels_for(isa);
+        const size_t rb = row_bytes(type, cols);
+        if (rb == 0 || size_t(w.size()) != rb * size_t(rows)) throw ZenError("weight bytes do not match type/shape");
+        if (x.ndim() != 2 || x.shape(1) != cols) throw ZenError("x must be (n, cols)");
+        const int n = int(x.shape(0));
+        py::array_t<float> y({py::ssize_t(n), py::ssize_t(rows)});
+        WeightView wv{w.data(), type, rows, cols, rb};
+        k.matmul(wv, 0, rows, x.data(), n, cols, y.mutable_data(), rows);
+        return y;
+    });
+    m.def("kernel_dequant_row", [](const std::string& isa, int type, U8Array src, int64_t n) {
+        const size_t rb = row_bytes(type, n);
+        if (rb == 0 || size_t(src.size()) < rb) throw ZenError("source bytes do not match type/length");
+        py::array_t<float> out(n);
+        kernels_for(isa).dequant_row(type, src.data(), n, out.mutable_data());
+        return out;
+    });
+    m.def("kernel_dot", [](const std::string& isa, F32Array a, F32Array b) {
+        if (a.size() != b.size()) throw ZenError("length mismatch");
+        return kernels_for(isa).dot(a.data(), b.data(), a.size());
+    });
+    m.def("kernel_axpy", [](const std::string& isa, float alpha, F32Array x, F32Array y) {
+        if (x.size() != y.size()) throw ZenError("length mismatch");
+        py::array_t<float> out(y.size());
+        std::memcpy(out.mutable_data(), y.data(), y.size() * 4);
+        kernels_for(isa).axpy(alpha, x.data(), out.mutable_data(), x.size());
+        return out;
+    });
+    m.def("kernel_add", [](const std::string& isa, F32Array y, F32Array x) {
+        if (x.size() != y.size()) throw ZenError("length mismatch");
+        py::array_t<float> out(y.size());
+        std::memcpy(out.mutable_data(), y.data(), y.size() * 4);
+        kernels_for(isa).add(out.mutable_data(), x.data(), x.size());
+        return out;
+    });
+    m.def("kernel_rmsnorm", [](const std::string& isa, F32Array x, F32Array w, float eps) {
+        if (x.size() != w.size()) throw ZenError("length mismatch");
+        py::array_t<float> out(x.size());
+        kernels_for(isa).rmsnorm(x.data(), w.data(), x.size(), eps, out.mutable_data());
+        return out;
+    });
+    m.def("kernel_swiglu", [](const std::string& isa, F32Array g, F32Array u) {
+        if (g.size() != u.size()) throw ZenError("length mismatch");
+        py::array_t<float> out(g.size());
+        kernels_for(isa).swiglu(g.data(), u.data(), g.size(), out.mutable_data());
+        return out;
+    });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+    m.doc() = "zen5 native decoder: weights, KV cache, kernels";
+    const Kernels& active = select_kernels();  // throws ImportError-worthy RuntimeError on bad ZEN5_FORCE_ISA
+
+    auto base = py::register_exception<ZenError>(m, "ZenError", PyExc_RuntimeError);
+    py::register_exception<ContextOverflow>(m, "ContextOverflow", base.ptr());
+    py::register_exception<BadSnapshot>(m, "BadSnapshot", base.ptr());
+    py::register_exception<ModelMismatch>(m, "ModelMismatch", base.ptr());
+    py::register_exception<BadModel>(m, "BadModel", base.ptr());
+
+    m.attr("isa") = active.name;
+    m.attr("version") = ZEN5_VERSION;
+    m.def("avx512_supported", &cpu_supports_avx512);
+    m.def("hardware_threads", [] { return int(std::thread::hardware_concurrency()); });
+
+    py::class_<PyModel>(m, "Model")
+        .def(py::init([](const py::dict& cfg, const py::list& tensors, F32Array inv_freq, int threads) {
+                 auto pm = std::make_unique<PyModel>();
+                 std::vector<TensorIn> ins;
+                 for (const auto& item : tensors) {
+                     auto tup = item.cast<py::tuple>();
+                     auto arr = tup[3].cast<py::array>();
+                     if (!(arr.flags() & py::array::c_style)) throw BadModel("tensor data must be C-contiguous");
+                     ins.push_back(TensorIn{tup[0].cast<std::string>(), tup[1].cast<int>(),
+                                            tup[2].cast<std::vector<int64_t>>(),
+                                            static_cast<const uint8_t*>(arr.data()), size_t(arr.nbytes())});
+                     pm->keepalive.push_back(arr);
+                 }
+                 std::vector<float> freq(inv_freq.data(), inv_freq.data() + inv_freq.size());
+                 Config c = config_from_dict(cfg);
+                 {
+                     py::gil_scoped_release nogil;  // fingerprinting reads every weight byte
+                     pm->model = std::make_shared<Model>(std::move(c), ins, std::move(freq), threads);
+                 }
+                 return pm;
+             }),
+             py::arg("config"), py::arg("tensors"), py::arg("rope_inv_freq"), py::arg("threads"))
+        .def_property_readonly("fingerprint", [](const PyModel& p) { return p.model->fingerprint; })
+        .def_property_readonly("n_params", [](const PyModel& p) { return p.model->n_params; })
+        .def_property_readonly("threads", [](const PyModel& p) { return p.model->pool.size(); });
+
+    py::class_<Context>(m, "Context")
+        .def(py::init([](const PyModel& pm, int n_ctx) { return std::make_unique<Context>(pm.model, n_ctx); }),
+             py::arg("model"), py::arg("n_ctx"), py::keep_alive<1, 2>())
+        .def("eval", [](Context& c, const std::vector<int32_t>& tokens, bool all_logits) -> py::object {
+                 const int n = int(tokens.size());
+                 if (!all_logits) {
+                     py::gil_scoped_release nogil;
+                     c.eval(tokens.data(), n);
+                     return py::none();
+                 }
+                 py::array_t<float> out({py::ssize_t(n), py::ssize_t(c.model().cfg.vocab_size)});
+                 float* dst = out.mutable_data();
+                 {
+                     py::gil_scoped_release nogil;
+                     c.eval(tokens.data(), n, dst);
+                 }
+                 return out;
+             },
+             py::arg("tokens"), py::arg("all_logits") = false)
+        .def("rewind", &Context::rewind, py::arg("n"))
+        .def("snapshot", [](const Context& c) {
+            std::string s;
+            {
+                py::gil_scoped_release nogil;
+                s = c.snapshot();
+            }
+            return py::bytes(s);
+        })
+        .def("restore", [](Context& c, const py::bytes& b) {
+            std::string s = b;
+            py::gil_scoped_release nogil;
+            c.restore(s);
+        })
+        .def("logits", [](const Context& c) {
+            if (!c.logits_valid()) throw ZenError("no logits: evaluate at least one token first");
+            return to_array(c.logits());
+        })
+        .def_property_readonly("n_past", &Context::n_past)
+        .def_property_readonly("n_ctx", &Context::n_ctx);
+
+    register_kernels(m);
+}

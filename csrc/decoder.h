@@ -1,0 +1,51 @@
+// Context: one sequence's KV cache, scratch buffers and last logits over a shared Model.
+// The cache is fp32 and position-indexed, so rewinding is just forgetting rows (n_past = n),
+// and a snapshot is the rows themselves plus the last logits: restore is bit exact.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model.h"
+
+namespace zen5 {
+
+class Context {
+  public:
+    Context(std::shared_ptr<const Model> model, int n_ctx);
+
+    // Appends tokens at n_past and computes the logits of the last one. When all_logits is
+    // non-null it receives (n, vocab) logits, one row per token. Throws ContextOverflow
+    // (before touching any state) if n_past + n would exceed n_ctx.
+    void eval(const int32_t* tokens, int n, float* all_logits = nullptr);
+    void rewind(int n);  // forget positions >= n (n <= n_past)
+
+    std::string snapshot() const;
+    void restore(const std::string& blob);
+
+    int n_past() const { return n_past_; }
+    int n_ctx() const { return n_ctx_; }
+    bool logits_valid() const { return logits_valid_; }
+    const std::vector<float>& logits() const { return logits_; }
+    const Model& model() const { return *model_; }
+
+    static constexpr int kChunk = 64;  // tokens per prefill step (bounds the scratch buffers)
+
+  private:
+    void forward_chunk(const int32_t* tokens, int n, float* all_logits);
+    void attention(int layer, int n);
+    void matmul(const WeightView& w, const float* x, int n, float* y);  // threaded over rows
+    void apply_rope(float* v, int n_heads, int pos) const;
+
+    std::shared_ptr<const Model> model_;
+    const Kernels& k_;
+    int n_ctx_, n_past_ = 0;
+    bool logits_valid_ = false;
+    std::vector<float> kcache_, vcache_;  // (n_layer, n_ctx, kv_dim)
+    // scratch, (kChunk, width)
+    std::vector<float> x_, xb_, q_, kx_, vx_, att_, gate_, up_;
+    std::vector<float> scores_;  // (threads, n_ctx)
+    std::vector<float> logits_;  // (vocab)
+};
+
+}  // namespace zen5

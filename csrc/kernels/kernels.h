@@ -1,0 +1,67 @@
+// The kernel table: every hot operation of the decoder, in a scalar reference version
+// (kernels_ref.cpp, the spec) and an AVX-512 version (kernels_avx512.cpp, compiled with AVX-512
+// flags in its own translation unit). One table is chosen once at import from CPUID + XCR0
+// (cpu_features.cpp), or forced with ZEN5_FORCE_ISA=ref|avx512. Nothing else in the engine
+// calls SIMD intrinsics, so the rest of the code builds for any x86-64 or ARM target.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace zen5 {
+
+// GGML type ids, as stored in GGUF files.
+enum GgmlType : int { GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q8_0 = 8, GGML_BF16 = 30 };
+
+constexpr int QK = 32;  // elements per quantized block (Q4_0, Q4_1, Q8_0)
+
+// Bytes per row of `cols` elements in GGML's block layout, or 0 for an unsupported type.
+size_t row_bytes(int type, int64_t cols);
+const char* type_name(int type);
+
+// A weight matrix used in place: (rows, cols) in GGML block layout, rows contiguous.
+struct WeightView {
+    const uint8_t* data = nullptr;
+    int type = GGML_F32;
+    int64_t rows = 0, cols = 0;
+    size_t row_bytes = 0;
+    const uint8_t* row(int64_t r) const { return data + r * row_bytes; }
+};
+
+struct Kernels {
+    const char* name;
+    // y[t*ldy + r] = dot(W[r, :], x[t*ldx : t*ldx + cols]) for r in [r0, r1), t in [0, n).
+    // The accumulation order for one (t, r) does not depend on n, so a batch of tokens gives
+    // the same bits as the tokens one by one.
+    void (*matmul)(const WeightView& w, int64_t r0, int64_t r1, const float* x, int n,
+                   int64_t ldx, float* y, int64_t ldy);
+    // dst[0:n] = dequantized first n elements of one row (n % 32 == 0 for quantized types).
+    void (*dequant_row)(int type, const uint8_t* src, int64_t n, float* dst);
+    float (*dot)(const float* a, const float* b, int64_t n);
+    void (*axpy)(float a, const float* x, float* y, int64_t n);  // y += a * x
+    void (*add)(float* y, const float* x, int64_t n);            // y += x
+    // out = x / sqrt(mean(x^2) + eps) * w
+    void (*rmsnorm)(const float* x, const float* w, int64_t n, float eps, float* out);
+    // out = silu(g) * u
+    void (*swiglu)(const float* g, const float* u, int64_t n, float* out);
+};
+
+const Kernels& kernels_ref();
+// nullptr when the build has no AVX-512 translation unit (non-x86 targets).
+const Kernels* kernels_avx512();
+
+bool cpu_supports_avx512();      // AVX-512 F/BW/VL/DQ + F16C/FMA, and the OS saves ZMM state
+// Chooses the table once (ZEN5_FORCE_ISA respected); throws std::runtime_error on a bad request.
+const Kernels& select_kernels();
+const Kernels& active_kernels();  // the table chosen by select_kernels()
+const Kernels& kernels_by_name(const char* name);  // "ref" or "avx512"; throws if unavailable
+
+// IEEE half / bfloat16 to float, bit exact (shared by both paths).
+inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = uint32_t(h) << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+}
+float f16_to_f32(uint16_t h);
+
+}  // namespace zen5

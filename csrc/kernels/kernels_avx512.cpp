@@ -1,0 +1,244 @@
+// AVX-512 kernels (F/BW/VL/DQ + F16C + FMA). This is the only file compiled with AVX-512 flags;
+// it is reached only through the kernel table after cpu_features.cpp has checked CPUID and
+// XCR0, so a machine without AVX-512 never executes an instruction from it.
+//
+// The matmul dequantizes each 32-value weight block once into two zmm registers and multiplies
+// it into up to 8 tokens at a time (prefill), so dequantization is amortized over the batch
+// while a token's own accumulation order stays independent of the batch size. Dequantization
+// rounds exactly like the reference (multiply, then add), so the two paths differ only by the
+// order of the float sums.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels.h"
+
+namespace zen5 {
+namespace {
+
+constexpr bool is_quant(int t) { return t == GGML_Q4_0 || t == GGML_Q4_1 || t == GGML_Q8_0; }
+constexpr size_t blk_bytes(int t) { return t == GGML_Q4_0 ? 18 : t == GGML_Q4_1 ? 20 : 34; }
+
+inline float half(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return _cvtsh_ss(v); }
+
+// Dequantize one 32-value block into w0 (values 0..15) and w1 (16..31).
+template <int TYPE>
+inline void deq_block(const uint8_t* b, __m512& w0, __m512& w1) {
+    const __m512 d = _mm512_set1_ps(half(b));
+    if constexpr (TYPE == GGML_Q8_0) {
+        const __m128i q0 = _mm_loadu_si128((const __m128i*)(b + 2));
+        const __m128i q1 = _mm_loadu_si128((const __m128i*)(b + 18));
+        w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d);
+        w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d);
+    } else {
+        const uint8_t* qs = b + (TYPE == GGML_Q4_1 ? 4 : 2);
+        const __m128i q = _mm_loadu_si128((const __m128i*)qs);
+        const __m128i mask = _mm_set1_epi8(15);
+        __m512i lo = _mm512_cvtepu8_epi32(_mm_and_si128(q, mask));
+        __m512i hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), mask));
+        if constexpr (TYPE == GGML_Q4_0) {
+            const __m512i eight = _mm512_set1_epi32(8);
+            w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo, eight)), d);
+            w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi, eight)), d);
+        } else {
+            const __m512 m = _mm512_set1_ps(half(b + 2));
+            w0 = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(lo), d), m);
+            w1 = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(hi), d), m);
+        }
+    }
+}
+
+// 16 float weights from column c of an F32/F16/BF16 row; lanes outside `m` are zero.
+template <int TYPE>
+inline __m512 load_w16(const uint8_t* row, int64_t c, __mmask16 m) {
+    if constexpr (TYPE == GGML_F32) {
+        return _mm512_maskz_loadu_ps(m, (const float*)row + c);
+    } else if constexpr (TYPE == GGML_F16) {
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t*)row + c));
+    } else {  // BF16: the high half of an fp32
+        const __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t*)row + c);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+}
+
+template <int TYPE, int NT>
+void row_tile(const WeightView& w, int64_t r, const float* x, int64_t ldx, float* y, int64_t ldy) {
+    __m512 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+    const uint8_t* row = w.row(r);
+    if constexpr (is_quant(TYPE)) {
+        const int64_t nb = w.cols / QK;
+        for (int64_t b = 0; b < nb; ++b) {
+            __m512 w0, w1;
+            deq_block<TYPE>(row + b * blk_bytes(TYPE), w0, w1);
+            for (int t = 0; t < NT; ++t) {
+                const float* xt = x + t * ldx + b * QK;
+                acc[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xt), acc[t]);
+                acc[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xt + 16), acc[t]);
+            }
+        }
+    } else {
+        int64_t c = 0;
+        for (; c + 16 <= w.cols; c += 16) {
+            const __m512 wv = load_w16<TYPE>(row, c, 0xFFFF);
+            for (int t = 0; t < NT; ++t)
+                acc[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + t * ldx + c), acc[t]);
+        }
+        if (c < w.cols) {
+            const __mmask16 m = __mmask16((1u << (w.cols - c)) - 1);
+            const __m512 wv = load_w16<TYPE>(row, c, m);
+            for (int t = 0; t < NT; ++t)
+                acc[t] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + t * ldx + c), acc[t]);
+        }
+    }
+    for (int t = 0; t < NT; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(acc[t]);
+}
+
+template <int TYPE>
+void matmul_typed(const WeightView& w, int64_t r0, int64_t r1, const float* x, int n,
+                  int64_t ldx, float* y, int64_t ldy) {
+    for (int64_t r = r0; r < r1; ++r) {
+        for (int t0 = 0; t0 < n; t0 += 8) {
+            const float* xt = x + t0 * ldx;
+            float* yt = y + t0 * ldy;
+            switch (n - t0 >= 8 ? 8 : n - t0) {
+                case 1: row_tile<TYPE, 1>(w, r, xt, ldx, yt, ldy); break;
+                case 2: row_tile<TYPE, 2>(w, r, xt, ldx, yt, ldy); break;
+                case 3: row_tile<TYPE, 3>(w, r, xt, ldx, yt, ldy); break;
+                case 4: row_tile<TYPE, 4>(w, r, xt, ldx, yt, ldy); break;
+                case 5: row_tile<TYPE, 5>(w, r, xt, ldx, yt, ldy); break;
+                case 6: row_tile<TYPE, 6>(w, r, xt, ldx, yt, ldy); break;
+                case 7: row_tile<TYPE, 7>(w, r, xt, ldx, yt, ldy); break;
+                default: row_tile<TYPE, 8>(w, r, xt, ldx, yt, ldy); break;
+            }
+        }
+    }
+}
+
+void matmul_avx512(const WeightView& w, int64_t r0, int64_t r1, const float* x, int n,
+                   int64_t ldx, float* y, int64_t ldy) {
+    switch (w.type) {
+        case GGML_F32: return matmul_typed<GGML_F32>(w, r0, r1, x, n, ldx, y, ldy);
+        case GGML_F16: return matmul_typed<GGML_F16>(w, r0, r1, x, n, ldx, y, ldy);
+        case GGML_BF16: return matmul_typed<GGML_BF16>(w, r0, r1, x, n, ldx, y, ldy);
+        case GGML_Q4_0: return matmul_typed<GGML_Q4_0>(w, r0, r1, x, n, ldx, y, ldy);
+        case GGML_Q4_1: return matmul_typed<GGML_Q4_1>(w, r0, r1, x, n, ldx, y, ldy);
+        case GGML_Q8_0: return matmul_typed<GGML_Q8_0>(w, r0, r1, x, n, ldx, y, ldy);
+    }
+}
+
+template <int TYPE>
+void dequant_typed(const uint8_t* src, int64_t n, float* dst) {
+    if constexpr (is_quant(TYPE)) {
+        for (int64_t b = 0; b < n / QK; ++b) {
+            __m512 w0, w1;
+            deq_block<TYPE>(src + b * blk_bytes(TYPE), w0, w1);
+            _mm512_storeu_ps(dst + b * QK, w0);
+            _mm512_storeu_ps(dst + b * QK + 16, w1);
+        }
+    } else {
+        for (int64_t c = 0; c < n; c += 16) {
+            const __mmask16 m = n - c >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - c)) - 1);
+            _mm512_mask_storeu_ps(dst + c, m, load_w16<TYPE>(src, c, m));
+        }
+    }
+}
+
+void dequant_row_avx512(int type, const uint8_t* src, int64_t n, float* dst) {
+    switch (type) {
+        case GGML_F32: return dequant_typed<GGML_F32>(src, n, dst);
+        case GGML_F16: return dequant_typed<GGML_F16>(src, n, dst);
+        case GGML_BF16: return dequant_typed<GGML_BF16>(src, n, dst);
+        case GGML_Q4_0: return dequant_typed<GGML_Q4_0>(src, n, dst);
+        case GGML_Q4_1: return dequant_typed<GGML_Q4_1>(src, n, dst);
+        case GGML_Q8_0: return dequant_typed<GGML_Q8_0>(src, n, dst);
+    }
+}
+
+inline __mmask16 tail_mask(int64_t left) {
+    return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+}
+
+float dot_avx512(const float* a, const float* b, int64_t n) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+    }
+    for (; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+void axpy_avx512(float a, const float* x, float* y, int64_t n) {
+    const __m512 va = _mm512_set1_ps(a);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 r = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+        _mm512_mask_storeu_ps(y + i, m, r);
+    }
+}
+
+void add_avx512(float* y, const float* x, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), _mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+void rmsnorm_avx512(const float* x, const float* w, int64_t n, float eps, float* out) {
+    __m512 ss = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __m512 v = _mm512_maskz_loadu_ps(tail_mask(n - i), x + i);
+        ss = _mm512_fmadd_ps(v, v, ss);
+    }
+    const __m512 scale = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(ss) / float(n) + eps));
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), scale),
+                                       _mm512_maskz_loadu_ps(m, w + i));
+        _mm512_mask_storeu_ps(out + i, m, v);
+    }
+}
+
+// exp(x) for x in [-87, 88]: 2^k * p(r) with r = x - k ln2 in [-ln2/2, ln2/2] and a degree-6
+// polynomial (Cephes coefficients), about 2 ulp; scalef applies 2^k without integer tricks.
+inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, k);
+}
+
+void swiglu_avx512(const float* g, const float* u, int64_t n, float* out) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 gv = _mm512_maskz_loadu_ps(m, g + i);
+        const __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+
+}  // namespace
+
+const Kernels* kernels_avx512() {
+    static const Kernels k{"avx512", matmul_avx512, dequant_row_avx512, dot_avx512, axpy_avx512,
+                           add_avx512, rmsnorm_avx512, swiglu_avx512};
+    return &k;
+}
+
+}  // namespace zen5

@@ -1,0 +1,149 @@
+// Scalar reference kernels: plain loops, no SIMD, no fast-math. They are the specification the
+// AVX-512 kernels are tested against, and the path every machine can run.
+#include <cmath>
+#include <cstring>
+
+#include "kernels.h"
+
+namespace zen5 {
+
+float f16_to_f32(uint16_t h) {
+    const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu, u;
+    if (exp == 0x1F) {
+        u = sign | 0x7F800000u | (mant << 13);  // inf / nan
+    } else if (exp != 0) {
+        u = sign | ((exp + 112) << 23) | (mant << 13);  // normal: rebias 15 -> 127
+    } else if (mant == 0) {
+        u = sign;  // zero
+    } else {       // subnormal half: normalize
+        exp = 113;
+        while (!(mant & 0x400u)) { mant <<= 1; --exp; }
+        u = sign | (exp << 23) | ((mant & 0x3FFu) << 13);
+    }
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+size_t row_bytes(int type, int64_t cols) {
+    switch (type) {
+        case GGML_F32: return size_t(cols) * 4;
+        case GGML_F16:
+        case GGML_BF16: return size_t(cols) * 2;
+        case GGML_Q4_0: return cols % QK ? 0 : size_t(cols / QK) * 18;
+        case GGML_Q4_1: return cols % QK ? 0 : size_t(cols / QK) * 20;
+        case GGML_Q8_0: return cols % QK ? 0 : size_t(cols / QK) * 34;
+        default: return 0;
+    }
+}
+
+const char* type_name(int type) {
+    switch (type) {
+        case GGML_F32: return "F32";
+        case GGML_F16: return "F16";
+        case GGML_BF16: return "BF16";
+        case GGML_Q4_0: return "Q4_0";
+        case GGML_Q4_1: return "Q4_1";
+        case GGML_Q8_0: return "Q8_0";
+        default: return "unknown";
+    }
+}
+
+static inline uint16_t rd16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
+
+// One quantized block of 32 values, GGML layouts:
+//   Q4_0 {f16 d; u8 qs[16]}        x[j] = ((qs[j] & 15) - 8) * d, x[j+16] = ((qs[j] >> 4) - 8) * d
+//   Q4_1 {f16 d; f16 m; u8 qs[16]} x[j] = (qs[j] & 15) * d + m,   x[j+16] = (qs[j] >> 4) * d + m
+//   Q8_0 {f16 d; i8 qs[32]}        x[j] = qs[j] * d
+static void dequant_block(int type, const uint8_t* b, float* out) {
+    const float d = f16_to_f32(rd16(b));
+    if (type == GGML_Q4_0) {
+        for (int j = 0; j < 16; ++j) {
+            out[j] = float(int(b[2 + j] & 15) - 8) * d;
+            out[j + 16] = float(int(b[2 + j] >> 4) - 8) * d;
+        }
+    } else if (type == GGML_Q4_1) {
+        const float m = f16_to_f32(rd16(b + 2));
+        for (int j = 0; j < 16; ++j) {
+            out[j] = float(b[4 + j] & 15) * d + m;
+            out[j + 16] = float(b[4 + j] >> 4) * d + m;
+        }
+    } else {  // Q8_0
+        for (int j = 0; j < 32; ++j) out[j] = float(int8_t(b[2 + j])) * d;
+    }
+}
+
+static size_t block_bytes(int type) { return row_bytes(type, QK); }
+
+static void dequant_row_ref(int type, const uint8_t* src, int64_t n, float* dst) {
+    switch (type) {
+        case GGML_F32: std::memcpy(dst, src, size_t(n) * 4); return;
+        case GGML_F16: for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(rd16(src + 2 * i)); return;
+        case GGML_BF16: for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(rd16(src + 2 * i)); return;
+        default: {
+            const size_t bb = block_bytes(type);
+            for (int64_t b = 0; b < n / QK; ++b) dequant_block(type, src + b * bb, dst + b * QK);
+        }
+    }
+}
+
+static void matmul_ref(const WeightView& w, int64_t r0, int64_t r1, const float* x, int n,
+                       int64_t ldx, float* y, int64_t ldy) {
+    float buf[QK];  // one dequantized block (no allocation in the hot loop)
+    const bool quant = w.type == GGML_Q4_0 || w.type == GGML_Q4_1 || w.type == GGML_Q8_0;
+    for (int64_t r = r0; r < r1; ++r) {
+        const uint8_t* row = w.row(r);
+        for (int t = 0; t < n; ++t) {
+            const float* xt = x + t * ldx;
+            float acc = 0.0f;
+            if (quant) {
+                const size_t bb = block_bytes(w.type);
+                for (int64_t b = 0; b < w.cols / QK; ++b) {
+                    dequant_block(w.type, row + b * bb, buf);
+                    for (int j = 0; j < QK; ++j) acc += buf[j] * xt[b * QK + j];
+                }
+            } else {
+                for (int64_t c0 = 0; c0 < w.cols; c0 += QK) {
+                    const int64_t len = w.cols - c0 < QK ? w.cols - c0 : QK;
+                    dequant_row_ref(w.type, row + c0 * (w.type == GGML_F32 ? 4 : 2), len, buf);
+                    for (int64_t j = 0; j < len; ++j) acc += buf[j] * xt[c0 + j];
+                }
+            }
+            y[t * ldy + r] = acc;
+        }
+    }
+}
+
+static float dot_ref(const float* a, const float* b, int64_t n) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+    return acc;
+}
+
+static void axpy_ref(float a, const float* x, float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+static void add_ref(float* y, const float* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+static void rmsnorm_ref(const float* x, const float* w, int64_t n, float eps, float* out) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+    const float scale = 1.0f / std::sqrt(ss / float(n) + eps);
+    for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * w[i];
+}
+
+static void swiglu_ref(const float* g, const float* u, int64_t n, float* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+const Kernels& kernels_ref() {
+    static const Kernels k{"ref", matmul_ref, dequant_row_ref, dot_ref, axpy_ref, add_ref,
+                           rmsnorm_ref, swiglu_ref};
+    return k;
+}
+
+}  // namespace zen5

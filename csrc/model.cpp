@@ -1,0 +1,127 @@
+#include "model.h"
+
+#include <cstring>
+
+namespace zen5 {
+
+// 64-bit hash over 8-byte words (multiply-xorshift, four independent lanes for speed). Used for
+// model fingerprints and snapshot checksums: collisions only need to be unlikely, not hard.
+uint64_t hash_bytes(const void* data, size_t n, uint64_t seed) {
+    const uint64_t k = 0x9E3779B97F4A7C15ull;
+    uint64_t h[4] = {seed ^ n, seed + k, seed * 3 + 1, ~seed};
+    const uint8_t* p = static_cast<const uint8_t*>(data);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        for (int l = 0; l < 4; ++l) {
+            uint64_t w;
+            std::memcpy(&w, p + i + 8 * l, 8);
+            h[l] = (h[l] ^ w) * k;
+            h[l] ^= h[l] >> 29;
+        }
+    }
+    uint64_t out = h[0] ^ (h[1] * 31) ^ (h[2] * 37) ^ (h[3] * 41);
+    for (; i < n; ++i) out = (out ^ p[i]) * 0x100000001B3ull;
+    out ^= out >> 33;
+    return out * k;
+}
+
+static std::string shape_str(const std::vector<int64_t>& s) {
+    std::string r = "(";
+    for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+    return r + (s.size() == 1 ? ",)" : ")");
+}
+
+WeightView Model::matrix(const std::map<std::string, const TensorIn*>& by_name, const std::string& name,
+                         int64_t rows, int64_t cols) const {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw BadModel("missing tensor " + name);
+    const TensorIn& t = *it->second;
+    if (t.shape != std::vector<int64_t>{rows, cols})
+        throw BadModel("tensor " + name + " has shape " + shape_str(t.shape) + ", expected " +
+                       shape_str({rows, cols}));
+    const size_t rb = row_bytes(t.type, cols);
+    if (rb == 0)
+        throw BadModel("tensor " + name + " has unsupported type " + type_name(t.type) + " (id " +
+                       std::to_string(t.type) + ") or a row length not divisible by 32");
+    if (t.nbytes != rb * size_t(rows))
+        throw BadModel("tensor " + name + " holds " + std::to_string(t.nbytes) + " bytes, expected " +
+                       std::to_string(rb * size_t(rows)));
+    return WeightView{t.data, t.type, rows, cols, rb};
+}
+
+const float* Model::vector_f32(const std::map<std::string, const TensorIn*>& by_name,
+                               const std::string& name, int64_t n) const {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw BadModel("missing tensor " + name);
+    const TensorIn& t = *it->second;
+    if (t.type != GGML_F32 || t.shape != std::vector<int64_t>{n} || t.nbytes != size_t(n) * 4)
+        throw BadModel("tensor " + name + " must be F32 of shape " + shape_str({n}) + ", got " +
+                       type_name(t.type) + " " + shape_str(t.shape));
+    if (reinterpret_cast<uintptr_t>(t.data) % alignof(float))
+        throw BadModel("tensor " + name + " is not 4-byte aligned");
+    return reinterpret_cast<const float*>(t.data);
+}
+
+static void check_config(const Config& c) {
+    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3")
+        throw BadModel("unsupported architecture '" + c.arch + "'");
+    if (c.n_layer <= 0 || c.n_embd <= 0 || c.n_ff <= 0 || c.n_head <= 0 || c.n_head_kv <= 0 ||
+        c.head_dim <= 0 || c.vocab_size <= 0 || c.n_head % c.n_head_kv || c.head_dim % 2)
+        throw BadModel("inconsistent model dimensions");
+}
+
+Model::Model(Config c, const std::vector<TensorIn>& tensors, std::vector<float> rope_inv_freq, int threads)
+    : cfg(std::move(c)), inv_freq(std::move(rope_inv_freq)), pool(threads) {
+    check_config(cfg);
+    if (int(inv_freq.size()) != cfg.head_dim / 2) throw BadModel("rope_inv_freq must have head_dim/2 entries");
+    std::map<std::string, const TensorIn*> by_name;
+    for (const auto& t : tensors) by_name[t.name] = &t;
+
+    const int64_t E = cfg.n_embd, V = cfg.vocab_size;
+    tok_embd = matrix(by_name, "token_embd.weight", V, E);
+    output = cfg.tied_output ? tok_embd : matrix(by_name, "output.weight", V, E);
+    output_norm = vector_f32(by_name, "output_norm.weight", E);
+    for (int i = 0; i < cfg.n_layer; ++i) {
+        const std::string p = "blk." + std::to_string(i) + ".";
+        Layer L;
+        L.attn_norm = vector_f32(by_name, p + "attn_norm.weight", E);
+        L.ffn_norm = vector_f32(by_name, p + "ffn_norm.weight", E);
+        L.wq = matrix(by_name, p + "attn_q.weight", cfg.q_dim(), E);
+        L.wk = matrix(by_name, p + "attn_k.weight", cfg.kv_dim(), E);
+        L.wv = matrix(by_name, p + "attn_v.weight", cfg.kv_dim(), E);
+        L.wo = matrix(by_name, p + "attn_output.weight", E, cfg.q_dim());
+        L.gate = matrix(by_name, p + "ffn_gate.weight", cfg.n_ff, E);
+        L.up = matrix(by_name, p + "ffn_up.weight", cfg.n_ff, E);
+        L.down = matrix(by_name, p + "ffn_down.weight", E, cfg.n_ff);
+        if (cfg.qkv_bias) {
+            L.bq = vector_f32(by_name, p + "attn_q.bias", cfg.q_dim());
+            L.bk = vector_f32(by_name, p + "attn_k.bias", cfg.kv_dim());
+            L.bv = vector_f32(by_name, p + "attn_v.bias", cfg.kv_dim());
+        }
+        if (cfg.qk_norm) {
+            L.q_norm = vector_f32(by_name, p + "attn_q_norm.weight", cfg.head_dim);
+            L.k_norm = vector_f32(by_name, p + "attn_k_norm.weight", cfg.head_dim);
+        }
+        layers.push_back(L);
+    }
+
+    // Fingerprint: the configuration, then every tensor the model uses, in name order.
+    uint64_t h = hash_bytes(cfg.arch.data(), cfg.arch.size(), 0x7A656E35);
+    const int dims[] = {cfg.n_layer, cfg.n_embd, cfg.n_ff, cfg.n_head, cfg.n_head_kv, cfg.head_dim,
+                        cfg.vocab_size, cfg.rope_neox, cfg.qkv_bias, cfg.qk_norm, cfg.tied_output};
+    h = hash_bytes(dims, sizeof dims, h);
+    h = hash_bytes(&cfg.rms_eps, sizeof cfg.rms_eps, h);
+    h = hash_bytes(inv_freq.data(), inv_freq.size() * 4, h);
+    for (const auto& [name, t] : by_name) {
+        h = hash_bytes(name.data(), name.size(), h);
+        h = hash_bytes(&t->type, sizeof t->type, h);
+        h = hash_bytes(t->shape.data(), t->shape.size() * 8, h);
+        h = hash_bytes(t->data, t->nbytes, h);
+        int64_t n = 1;
+        for (int64_t d : t->shape) n *= d;
+        if (name != "output.weight" || !cfg.tied_output) n_params += n;
+    }
+    fingerprint = h;
+}
+
+}  // namespace zen5

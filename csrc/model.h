@@ -1,0 +1,74 @@
+// Model: read-only weights used in place (pointers into the caller's memory-mapped file, never
+// a dequantized copy), the validated configuration, RoPE frequencies and the thread pool.
+// The Python loader owns the mapped memory; the binding keeps it alive as long as the Model.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "threadpool.h"
+
+namespace zen5 {
+
+// Typed errors, mapped to Python exception classes by the bindings.
+struct ZenError : std::runtime_error { using std::runtime_error::runtime_error; };
+struct ContextOverflow : ZenError { using ZenError::ZenError; };
+struct BadSnapshot : ZenError { using ZenError::ZenError; };
+struct ModelMismatch : ZenError { using ZenError::ZenError; };
+struct BadModel : ZenError { using ZenError::ZenError; };
+
+struct Config {
+    std::string arch;  // llama | qwen2 | qwen3
+    int n_layer = 0, n_embd = 0, n_ff = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
+    int vocab_size = 0, n_ctx_train = 0;
+    float rms_eps = 1e-5f, rope_theta = 10000.0f;
+    bool rope_neox = false, qkv_bias = false, qk_norm = false, tied_output = false;
+
+    int q_dim() const { return n_head * head_dim; }
+    int kv_dim() const { return n_head_kv * head_dim; }
+};
+
+// A tensor as handed over by the loader: raw bytes in GGML layout, numpy-order shape.
+struct TensorIn {
+    std::string name;
+    int type;
+    std::vector<int64_t> shape;
+    const uint8_t* data;
+    size_t nbytes;
+};
+
+struct Layer {
+    const float *attn_norm, *ffn_norm;
+    WeightView wq, wk, wv, wo, gate, up, down;
+    const float *bq = nullptr, *bk = nullptr, *bv = nullptr;          // qwen2
+    const float *q_norm = nullptr, *k_norm = nullptr;                 // qwen3, (head_dim)
+};
+
+class Model {
+  public:
+    Model(Config cfg, const std::vector<TensorIn>& tensors, std::vector<float> rope_inv_freq, int threads);
+
+    const Config cfg;
+    WeightView tok_embd;   // (vocab, n_embd)
+    WeightView output;     // (vocab, n_embd): token_embd when tied
+    const float* output_norm = nullptr;
+    std::vector<Layer> layers;
+    std::vector<float> inv_freq;  // (head_dim / 2)
+    uint64_t fingerprint = 0;     // config + every tensor's name, type, shape and bytes
+    int64_t n_params = 0;
+    mutable ThreadPool pool;
+
+  private:
+    WeightView matrix(const std::map<std::string, const TensorIn*>& by_name, const std::string& name,
+                      int64_t rows, int64_t cols) const;
+    const float* vector_f32(const std::map<std::string, const TensorIn*>& by_name,
+                            const std::string& name, int64_t n) const;
+};
+
+uint64_t hash_bytes(const void* data, size_t n, uint64_t seed);
+
+}  // namespace zen5

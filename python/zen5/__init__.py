@@ -1,0 +1,22 @@
+"""zen5: a CPU-native LLM inference engine for AVX-512 x86 CPUs.
+
+    import zen5
+    model = zen5.load("smollm2")
+    print(model.generate("The capital of France is", max_tokens=16).text)
+"""
+from zen5._native import BadModel, BadSnapshot, ContextOverflow, ModelMismatch, ZenError
+from zen5._native import isa as _isa
+
+__version__ = "0.1.0"
+ISA = _isa
+
+
+def load(name_or_path: str = "smollm2", threads: int | None = None, ctx: int | None = None):
+    """Load a model by name (``smollm2``) or path (GGUF file or HF safetensors directory)."""
+    from zen5.engine import Engine
+
+    return Engine.load(name_or_path, threads=threads, ctx=ctx)
+
+
+__all__ = ["load", "ISA", "ZenError", "ContextOverflow", "BadSnapshot", "ModelMismatch", "BadModel",
+           "__version__"]
