@@ -74,14 +74,23 @@ void Context::rewind(int n) {
     n_past_ = n;
 }
 
-void Context::matmul(const WeightView& w, const float* x, int n, float* y) {
-    // Split rows in contiguous slices, several per thread so a slow thread is not the tail.
+void Context::matmuls(std::initializer_list<MatJob> jobs, int n) {
+    // Each matrix is cut into contiguous row slices (16-row granules), several per thread so a
+    // slow thread is not the tail; tasks enumerate (job, slice) pairs.
     const int nt = model_->pool.size();
-    const int n_tasks = w.rows < 64 ? 1 : std::min<int64_t>(w.rows / 16, nt * 4);
-    const int64_t per = (w.rows + n_tasks - 1) / n_tasks;
-    model_->pool.run(n_tasks, [&](int t, int) {
-        const int64_t r0 = t * per, r1 = std::min<int64_t>(w.rows, r0 + per);
-        if (r0 < r1) k_.matmul(w, r0, r1, x, n, w.cols, y, w.rows);
+    int64_t total_rows = 0;
+    for (const MatJob& j : jobs) total_rows += j.w->rows;
+    const int64_t per = std::max<int64_t>(16, (total_rows / (nt * 4) + 15) / 16 * 16);
+    struct Slice { const MatJob* job; int64_t r0, r1; };
+    Slice slices[256];
+    int n_slices = 0;
+    for (const MatJob& j : jobs)
+        for (int64_t r0 = 0; r0 < j.w->rows && n_slices < 256; r0 += per)
+            slices[n_slices++] = Slice{&j, r0, std::min(j.w->rows, r0 + per)};
+    model_->pool.run(n_slices, [&](int t, int) {
+        const Slice& s = slices[t];
+        const WeightView& w = *s.job->w;
+        k_.matmul(w, s.r0, s.r1, s.job->x, n, w.cols, s.job->y, w.rows);
     });
 }
 
@@ -144,9 +153,10 @@ void Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
         const Layer& L = m.layers[l];
         for (int t = 0; t < n; ++t)  // xb: (n, E)
             k_.rmsnorm(x_.data() + size_t(t) * E, L.attn_norm, E, c.rms_eps, xb_.data() + size_t(t) * E);
-        matmul(L.wq, xb_.data(), n, q_.data());   // (n, Q)
-        matmul(L.wk, xb_.data(), n, kx_.data());  // (n, KV)
-        matmul(L.wv, xb_.data(), n, vx_.data());  // (n, KV)
+        matmuls({{&L.wq, xb_.data(), q_.data()},     // (n, Q)
+                 {&L.wk, xb_.data(), kx_.data()},    // (n, KV)
+                 {&L.wv, xb_.data(), vx_.data()}},   // (n, KV)
+                n);
         float* kc = kcache_.data() + (size_t(l) * n_ctx_ + n_past_) * KV;
         float* vc = vcache_.data() + (size_t(l) * n_ctx_ + n_past_) * KV;
         for (int t = 0; t < n; ++t) {
@@ -162,16 +172,17 @@ void Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
             std::memcpy(vc + size_t(t) * KV, v, sizeof(float) * KV);
         }
         attention(l, n);                                   // att: (n, Q)
-        matmul(L.wo, att_.data(), n, xb_.data());          // (n, E)
+        matmuls({{&L.wo, att_.data(), xb_.data()}}, n);   // (n, E)
         for (int t = 0; t < n; ++t) k_.add(x_.data() + size_t(t) * E, xb_.data() + size_t(t) * E, E);
 
         for (int t = 0; t < n; ++t)
             k_.rmsnorm(x_.data() + size_t(t) * E, L.ffn_norm, E, c.rms_eps, xb_.data() + size_t(t) * E);
-        matmul(L.gate, xb_.data(), n, gate_.data());       // (n, F)
-        matmul(L.up, xb_.data(), n, up_.data());           // (n, F)
+        matmuls({{&L.gate, xb_.data(), gate_.data()},     // (n, F)
+                 {&L.up, xb_.data(), up_.data()}},        // (n, F)
+                n);
         for (int t = 0; t < n; ++t)
             k_.swiglu(gate_.data() + size_t(t) * F, up_.data() + size_t(t) * F, F, gate_.data() + size_t(t) * F);
-        matmul(L.down, gate_.data(), n, xb_.data());       // (n, E)
+        matmuls({{&L.down, gate_.data(), xb_.data()}}, n);  // (n, E)
         for (int t = 0; t < n; ++t) k_.add(x_.data() + size_t(t) * E, xb_.data() + size_t(t) * E, E);
     }
     n_past_ += n;
@@ -183,7 +194,7 @@ void Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
     for (int t0 = first; t0 < n; t0 += 8) {  // (<=8, vocab) at a time: the head streams once per 8 tokens
         const int cnt = std::min(8, n - t0);
         float* dst = all_logits ? all_logits + size_t(t0) * c.vocab_size : logits_.data();
-        matmul(m.output, xb_.data() + size_t(t0 - first) * E, cnt, dst);
+        matmuls({{&m.output, xb_.data() + size_t(t0 - first) * E, dst}}, cnt);
     }
     if (all_logits)
         std::memcpy(logits_.data(), all_logits + size_t(n - 1) * c.vocab_size, sizeof(float) * c.vocab_size);

@@ -2,6 +2,7 @@
 // The cache is fp32 and position-indexed, so rewinding is just forgetting rows (n_past = n),
 // and a snapshot is the rows themselves plus the last logits: restore is bit exact.
 #pragma once
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,7 +35,10 @@ class Context {
   private:
     void forward_chunk(const int32_t* tokens, int n, float* all_logits);
     void attention(int layer, int n);
-    void matmul(const WeightView& w, const float* x, int n, float* y);  // threaded over rows
+    // y = x W^T for one or more independent matrices sharing one thread-pool dispatch (q/k/v,
+    // gate/up): a decoded token is a few hundred small jobs, so dispatches are worth saving.
+    struct MatJob { const WeightView* w; const float* x; float* y; };
+    void matmuls(std::initializer_list<MatJob> jobs, int n);
     void apply_rope(float* v, int n_heads, int pos) const;
 
     std::shared_ptr<const Model> model_;

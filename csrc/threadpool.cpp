@@ -31,7 +31,10 @@ void ThreadPool::worker(int index) {
     uint64_t seen = 0;
     for (;;) {
         // Spin about 50 microseconds for the next job, then sleep until notified.
-        for (int i = 0; i < 20000 && generation_.load(std::memory_order_acquire) == seen; ++i) cpu_relax();
+        for (int i = 0; i < 20000 && generation_.load(std::memory_order_acquire) == seen; ++i) {
+            if (i < 4000) cpu_relax();
+            else std::this_thread::yield();
+        }
         if (generation_.load(std::memory_order_acquire) == seen) {
             std::unique_lock<std::mutex> lock(mu_);
             cv_.wait(lock, [&] { return generation_.load() != seen; });
@@ -59,8 +62,13 @@ void ThreadPool::run(int n_tasks, const Task& fn) {
     }
     cv_.notify_all();
     work(0);
+    // Wait for the workers; yield after a short spin so a worker that lost its core (the
+    // machine is shared) gets it back instead of us burning the rest of our time slice.
     const int n_workers = int(workers_.size());
-    while (done_.load(std::memory_order_acquire) < n_workers) cpu_relax();
+    for (int i = 0; done_.load(std::memory_order_acquire) < n_workers; ++i) {
+        if (i < 4000) cpu_relax();
+        else std::this_thread::yield();
+    }
 }
 
 }  // namespace zen5

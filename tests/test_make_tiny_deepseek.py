@@ -67,8 +67,8 @@ def test_dtypes_agree(tmp_path):
         cfg, t = R.load_for_reference(mtd.make_tiny_deepseek(tmp_path / dt, dtype=dt, layers=1))
         assert cfg == cfg32
         name = "blk.0.ffn_up.weight"
-        ref = R.dequantize(*t32[name])
-        got = R.dequantize(*t[name])
+        ref = R.dequantize(t32[name][0], t32[name][2], t32[name][1])
+        got = R.dequantize(t[name][0], t[name][2], t[name][1])
         torch.testing.assert_close(got, ref, rtol=tol, atol=1e-6)
         if dt == "bf16":
             assert torch.equal(got, ref.to(torch.bfloat16).float())

@@ -1,0 +1,253 @@
+"""The in-process engine: a loaded model, its tokenizer and one native context (KV cache).
+
+`Engine.generate` tokenizes a prompt, keeps whatever prefix of it the context already holds
+(rewinding to the common token prefix; the session layer adds the richer cache ladder), prefills
+the rest, then samples token by token with stop strings, EOS, the token limit and the context
+limit as finish conditions. Text streams out through an incremental detokenizer so a multi-byte
+character split across tokens never leaks half-formed.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from zen5 import _native
+from zen5.config import SUPPORTED_TYPES, ModelConfig
+from zen5.loader import LoadedWeights, load_weights
+from zen5.models import resolve_model
+from zen5.sampling import Sampler, SamplingParams, TokenLogprob
+from zen5.tokenizer import StreamDecoder, Tokenizer
+
+DEFAULT_MAX_CTX = 16384  # default context cap: the fp32 KV cache grows linearly with it
+
+
+def default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    reused_tokens: int        # prompt tokens already in the KV cache
+    prefill_seconds: float
+    decode_seconds: float
+
+    @property
+    def prefill_tps(self) -> float:
+        n = self.prompt_tokens - self.reused_tokens
+        return n / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.completion_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+
+@dataclass
+class Chunk:
+    """One streamed piece: new text, the token that produced it, and on the last chunk the
+    finish reason ("stop" or "length") and usage."""
+    text: str
+    token_id: int | None = None
+    logprob: TokenLogprob | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+@dataclass
+class Generation:
+    text: str
+    finish_reason: str
+    usage: Usage
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.usage.prompt_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.usage.completion_tokens
+
+
+class Engine:
+    def __init__(self, weights: LoadedWeights, threads: int | None = None, ctx: int | None = None):
+        cfg = weights.config
+        self.weights = weights
+        self.config: ModelConfig = cfg
+        self.tokenizer: Tokenizer = weights.tokenizer
+        self.threads = int(threads or default_threads())
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        self.n_ctx = int(ctx or min(cfg.n_ctx_train, DEFAULT_MAX_CTX))
+        if self.n_ctx < 1:
+            raise ValueError(f"ctx must be >= 1, got {ctx}")
+        tensors = [(t.name, t.ggml_type, list(t.shape), t.data) for t in weights.tensors.values()]
+        self.native = _native.Model(cfg.to_native(), tensors, cfg.rope_inv_freq(), self.threads)
+        self.ctx = _native.Context(self.native, self.n_ctx)
+        self._tokens: list[int] = []  # exactly the tokens whose K/V rows the context holds
+
+    @classmethod
+    def load(cls, name_or_path: str = "smollm2", threads: int | None = None, ctx: int | None = None):
+        return cls(load_weights(resolve_model(name_or_path)), threads=threads, ctx=ctx)
+
+    # ---- prompts -------------------------------------------------------------------------
+    @property
+    def chat_template(self) -> str | None:
+        return self.weights.chat_template
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """Render messages with the model's own (Jinja) chat template."""
+        if not self.chat_template:
+            raise ValueError("this model has no chat template; pass raw text")
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(msg):
+            raise ValueError(f"chat template error: {msg}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        tok = self.tokenizer
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=tok.id_to_token(tok.bos_id) if tok.bos_id is not None else "",
+            eos_token="")
+
+    # ---- the KV cache --------------------------------------------------------------------
+    def _sync(self, tokens: list[int]) -> int:
+        """Make the context hold `tokens` with valid logits for the last one. Returns how many
+        tokens were reused from the cache (the longest common prefix, at most len - 1 so the
+        last token is always evaluated and its logits are fresh)."""
+        if len(tokens) > self.n_ctx:
+            raise _native.ContextOverflow(
+                f"prompt of {len(tokens)} tokens exceeds the context of {self.n_ctx} tokens")
+        keep = 0
+        limit = min(len(self._tokens), len(tokens) - 1)
+        while keep < limit and self._tokens[keep] == tokens[keep]:
+            keep += 1
+        self.ctx.rewind(keep)
+        del self._tokens[keep:]
+        self._eval(tokens[keep:])
+        return keep
+
+    def _eval(self, tokens: list[int]) -> None:
+        try:
+            self.ctx.eval(tokens)
+        except BaseException:
+            # A failed eval may have written part of a chunk: trust only what was there before.
+            self.ctx.rewind(min(self.ctx.n_past, len(self._tokens)))
+            raise
+        self._tokens.extend(tokens)
+
+    def reset(self) -> None:
+        self.ctx.rewind(0)
+        self._tokens.clear()
+
+    # ---- generation ----------------------------------------------------------------------
+    def generate(self, prompt: str | list[int], max_tokens: int = 128, stream: bool = False,
+                 stop: list[str] | str | None = None, **sampling) -> Generation | Iterator[Chunk]:
+        """Generate from `prompt` (text or token ids). Sampling keywords: temperature, top_k,
+        top_p, min_p, seed, logprobs (see SamplingParams). With stream=True, returns an iterator
+        of Chunks whose last one carries finish_reason and usage."""
+        params = SamplingParams(**sampling)
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if any(not s for s in stops):
+            raise ValueError("stop strings must be non-empty")
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        it = self._stream(ids, max_tokens, params, stops)
+        return it if stream else self._collect(it)
+
+    @staticmethod
+    def _collect(chunks: Iterator[Chunk]) -> Generation:
+        text, ids, lps, last = [], [], [], None
+        for c in chunks:
+            text.append(c.text)
+            if c.token_id is not None:
+                ids.append(c.token_id)
+            if c.logprob is not None:
+                lps.append(c.logprob)
+            last = c
+        return Generation("".join(text), last.finish_reason, last.usage, ids, lps or None)
+
+    def _stream(self, ids: list[int], max_tokens: int, params: SamplingParams,
+                stops: list[str]) -> Iterator[Chunk]:
+        t0 = time.perf_counter()
+        reused = self._sync(ids)
+        t1 = time.perf_counter()
+        sampler, decoder = Sampler(params), StreamDecoder(self.tokenizer)
+        eos = self.tokenizer.eos_ids
+        held = ""  # decoded text not yet emitted: it may be the start of a stop string
+        n_out, finish, stopped_on_text = 0, "length", False
+        while n_out < max_tokens:
+            logits = self.ctx.logits()
+            tok = sampler.sample(logits)
+            lp = sampler.logprob(logits, tok) if params.logprobs else None
+            n_out += 1
+            if tok in eos:
+                finish = "stop"
+                break
+            held += decoder.push(tok)
+            cut = _find_stop(held, stops)
+            if cut is not None:
+                held, finish, stopped_on_text = held[:cut], "stop", True
+                break
+            safe = len(held) - _partial_stop_len(held, stops)
+            yield Chunk(held[:safe], tok, lp)
+            held = held[safe:]
+            if len(self._tokens) >= self.n_ctx:
+                break  # context full: finish_reason stays "length"
+            self._eval([tok])
+        if not stopped_on_text:
+            held += decoder.flush()
+        t2 = time.perf_counter()
+        usage = Usage(len(ids), n_out, reused, t1 - t0, t2 - t1)
+        yield Chunk(held, None, None, finish, usage)
+
+    # ---- description ---------------------------------------------------------------------
+    def info(self) -> dict:
+        cfg = self.config
+        types = sorted({SUPPORTED_TYPES[t.ggml_type] for t in self.weights.tensors.values()})
+        return {
+            "path": self.weights.metadata.get("path"),
+            "format": self.weights.metadata.get("format"),
+            "architecture": cfg.arch,
+            "parameters": int(self.native.n_params),
+            "weight_types": types,
+            "context_length": cfg.n_ctx_train,
+            "context": self.n_ctx,
+            "vocab_size": cfg.vocab_size,
+            "layers": cfg.n_layer,
+            "hidden": cfg.n_embd,
+            "heads": cfg.n_head,
+            "kv_heads": cfg.n_head_kv,
+            "tied_output": cfg.tied_output,
+            "chat_template": bool(self.chat_template),
+            "fingerprint": f"{self.native.fingerprint:016x}",
+        }
+
+
+def _find_stop(text: str, stops: list[str]) -> int | None:
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _partial_stop_len(text: str, stops: list[str]) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of some stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+

@@ -1,0 +1,82 @@
+"""Token sampling: greedy, temperature, top-k, top-p, min-p, seeded, with top-k logprobs.
+
+Filters apply in llama.cpp's order (top-k, then top-p, then min-p, on temperature-scaled
+probabilities). Reported logprobs are those of the model's own distribution (log-softmax of the
+raw logits), as OpenAI's `logprobs` reports them, independent of the sampling filters.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.8   # 0 means greedy
+    top_k: int = 40            # 0 disables
+    top_p: float = 0.95        # 1 disables
+    min_p: float = 0.05        # 0 disables
+    seed: int | None = None    # None: a fresh random seed per call
+    logprobs: int = 0          # how many top alternatives to report per token (0: none)
+
+    def __post_init__(self):
+        if not (self.temperature >= 0 and np.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0 <= self.logprobs <= 20:
+            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token_id, logprob) of the most likely tokens
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x -= x.max()
+    return x - np.log(np.exp(x).sum())
+
+
+class Sampler:
+    """Picks the next token from a logits vector; one per generation (it owns the RNG)."""
+
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def sample(self, logits: np.ndarray) -> int:
+        p = self.params
+        if p.temperature == 0 or p.top_k == 1:
+            return int(np.argmax(logits))
+        x = logits.astype(np.float64) / p.temperature
+        if p.top_k and p.top_k < x.size:
+            ids = np.argpartition(-x, p.top_k - 1)[: p.top_k]
+        else:
+            ids = np.arange(x.size)
+        ids = ids[np.argsort(-x[ids], kind="stable")]  # most likely first
+        probs = np.exp(x[ids] - x[ids[0]])
+        probs /= probs.sum()
+        if p.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
+            ids, probs = ids[:keep], probs[:keep]
+        if p.min_p > 0.0:
+            keep = probs >= p.min_p * probs[0]
+            ids, probs = ids[keep], probs[keep]
+        probs = probs / probs.sum()
+        return int(ids[self.rng.choice(len(ids), p=probs)])
+
+    def logprob(self, logits: np.ndarray, token_id: int) -> TokenLogprob:
+        lp = log_softmax(logits)
+        n = self.params.logprobs
+        top = np.argpartition(-lp, n - 1)[:n] if n else np.array([], dtype=np.int64)
+        top = top[np.argsort(-lp[top], kind="stable")]
+        return TokenLogprob(token_id, float(lp[token_id]), tuple((int(i), float(lp[i])) for i in top))
