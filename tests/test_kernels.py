@@ -1,0 +1,118 @@
+"""Every kernel of the AVX-512 table against the scalar reference on random inputs.
+
+Sizes are deliberately not multiples of the vector width (16 floats) where the type allows, so
+masked tails are exercised. Each comparison prints the worst element. Quantized weights are
+random bytes with sane block scales, written in GGUF's block layouts.
+"""
+import numpy as np
+import pytest
+
+from zen5 import _native
+
+TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30}
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+
+pytestmark = pytest.mark.skipif(not _native.avx512_supported(), reason="no AVX-512 on this machine")
+
+
+def random_weights(kind: str, rows: int, cols: int, rng) -> np.ndarray:
+    if kind == "F32":
+        return rng.standard_normal((rows, cols)).astype(np.float32).view(np.uint8).ravel()
+    if kind == "F16":
+        return rng.standard_normal((rows, cols)).astype(np.float16).view(np.uint8).ravel()
+    if kind == "BF16":
+        bits = rng.standard_normal((rows, cols)).astype(np.float32).view(np.uint32) >> 16
+        return bits.astype(np.uint16).view(np.uint8).ravel()
+    nb = rows * cols // 32
+    blocks = rng.integers(0, 256, size=(nb, BLOCK_BYTES[kind]), dtype=np.uint8)
+    blocks[:, 0:2] = (rng.uniform(0.001, 0.05, nb).astype(np.float16)).view(np.uint8).reshape(nb, 2)
+    if kind == "Q4_1":
+        blocks[:, 2:4] = (rng.uniform(-0.1, 0.1, nb).astype(np.float16)).view(np.uint8).reshape(nb, 2)
+    return blocks.ravel()
+
+
+def report(name, a, b):
+    err = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    i = int(np.argmax(err))
+    rel = err.flat[i] / max(1e-30, abs(float(a.flat[i])))
+    print(f"{name}: worst |ref-avx512| = {err.flat[i]:.3g} at {i} (ref {a.flat[i]:.6g}, rel {rel:.2g})")
+    return err
+
+
+@pytest.mark.parametrize("kind", list(TYPES))
+@pytest.mark.parametrize("n_tok", [1, 3, 8, 13])
+def test_matmul_matches_reference(kind, n_tok):
+    rng = np.random.default_rng(hash((kind, n_tok)) % 2**32)
+    rows = 37
+    cols = 96 if kind in BLOCK_BYTES else 83  # float types: a ragged tail of 3
+    w = random_weights(kind, rows, cols, rng)
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    ref = _native.kernel_matmul("ref", TYPES[kind], w, rows, cols, x)
+    fast = _native.kernel_matmul("avx512", TYPES[kind], w, rows, cols, x)
+    # the independent check: dequantize with the reference and multiply in float64
+    dq = np.stack([_native.kernel_dequant_row("ref", TYPES[kind], w.reshape(rows, -1)[r], cols)
+                   for r in range(rows)])
+    exact = x.astype(np.float64) @ dq.astype(np.float64).T
+    scale = np.abs(x).max() * np.abs(dq).max() * np.sqrt(cols)
+    assert report(f"matmul {kind} n={n_tok}", ref, fast).max() <= 1e-5 * scale
+    assert np.abs(ref - exact).max() <= 1e-5 * scale
+
+
+def test_matmul_batch_equals_one_by_one():
+    """A token's result must not depend on how many tokens share the call (prefill = decode)."""
+    rng = np.random.default_rng(1)
+    w = random_weights("Q4_1", 64, 128, rng)
+    x = rng.standard_normal((11, 128)).astype(np.float32)
+    for isa in ("ref", "avx512"):
+        batch = _native.kernel_matmul(isa, TYPES["Q4_1"], w, 64, 128, x)
+        single = np.concatenate([_native.kernel_matmul(isa, TYPES["Q4_1"], w, 64, 128, x[i:i + 1])
+                                 for i in range(11)])
+        assert np.array_equal(batch, single), isa
+
+
+@pytest.mark.parametrize("kind", list(TYPES))
+def test_dequant_row_is_exact(kind):
+    rng = np.random.default_rng(7)
+    n = 160 if kind in BLOCK_BYTES else 77
+    w = random_weights(kind, 1, n, rng)
+    ref = _native.kernel_dequant_row("ref", TYPES[kind], w, n)
+    fast = _native.kernel_dequant_row("avx512", TYPES[kind], w, n)
+    report(f"dequant {kind}", ref, fast)
+    assert np.array_equal(ref, fast)  # same roundings on both paths
+
+
+def test_dequant_matches_gguf_package():
+    """Independent oracle for the block layouts: the gguf package's numpy dequantizers."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    rng = np.random.default_rng(3)
+    for kind in ("Q4_0", "Q4_1", "Q8_0", "F16", "BF16"):
+        w = random_weights(kind, 4, 64, rng)
+        ours = np.concatenate([_native.kernel_dequant_row("ref", TYPES[kind], row, 64)
+                               for row in w.reshape(4, -1)])
+        theirs = dequantize(w.reshape(4, -1), GGMLQuantizationType[kind]).ravel()
+        assert np.array_equal(ours, theirs.astype(np.float32)), kind
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 64, 191, 576])
+def test_vector_kernels(n):
+    rng = np.random.default_rng(n)
+    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    w = rng.uniform(0.5, 1.5, n).astype(np.float32)
+    d_ref, d_fast = _native.kernel_dot("ref", a, b), _native.kernel_dot("avx512", a, b)
+    assert abs(d_ref - d_fast) <= 1e-5 * np.sqrt(n) * (1 + abs(d_ref))
+    for name, args in [("axpy", (0.37, a, b)), ("add", (a, b)), ("rmsnorm", (a, w, 1e-5)),
+                       ("swiglu", (a * 8, b))]:
+        fn = getattr(_native, f"kernel_{name}")
+        r, f = fn("ref", *args), fn("avx512", *args)
+        err = report(f"{name} n={n}", r, f)
+        assert err.max() <= 2e-6 * (1 + np.abs(r).max()), name
+
+
+def test_swiglu_extremes():
+    g = np.array([-200, -88, -20, -1e-3, 0, 1e-3, 20, 88, 200] * 2, np.float32)
+    u = np.ones_like(g)
+    r, f = _native.kernel_swiglu("ref", g, u), _native.kernel_swiglu("avx512", g, u)
+    assert np.all(np.isfinite(f))
+    assert np.allclose(r, f, rtol=1e-6, atol=1e-30)
