@@ -148,8 +148,11 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("threads", [](const PyModel& p) { return p.model->pool.size(); });
 
     py::class_<Context>(m, "Context")
-        .def(py::init([](const PyModel& pm, int n_ctx) { return std::make_unique<Context>(pm.model, n_ctx); }),
-             py::arg("model"), py::arg("n_ctx"), py::keep_alive<1, 2>())
+        .def(py::init([](const PyModel& pm, int n_ctx, const std::string& isa) {
+                 return std::make_unique<Context>(pm.model, n_ctx, isa.empty() ? nullptr : &kernels_for(isa));
+             }),
+             py::arg("model"), py::arg("n_ctx"), py::arg("isa") = "", py::keep_alive<1, 2>())
+        .def_property_readonly("isa", &Context::isa)
         .def("eval", [](Context& c, const std::vector<int32_t>& tokens, bool all_logits) -> py::object {
                  const int n = int(tokens.size());
                  if (!all_logits) {

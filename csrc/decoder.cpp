@@ -30,8 +30,8 @@ struct SnapshotHeader {
 };
 }  // namespace
 
-Context::Context(std::shared_ptr<const Model> model, int n_ctx)
-    : model_(std::move(model)), k_(active_kernels()), n_ctx_(n_ctx) {
+Context::Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* kernels)
+    : model_(std::move(model)), k_(kernels ? *kernels : active_kernels()), n_ctx_(n_ctx) {
     const Config& c = model_->cfg;
     if (n_ctx <= 0) throw ZenError("n_ctx must be positive");
     const size_t kv = size_t(c.n_layer) * n_ctx * c.kv_dim();

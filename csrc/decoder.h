@@ -13,7 +13,9 @@ namespace zen5 {
 
 class Context {
   public:
-    Context(std::shared_ptr<const Model> model, int n_ctx);
+    // `kernels`: the table to compute with (tests force ref or avx512); default: the active one.
+    Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* kernels = nullptr);
+    const char* isa() const { return k_.name; }
 
     // Appends tokens at n_past and computes the logits of the last one. When all_logits is
     // non-null it receives (n, vocab) logits, one row per token. Throws ContextOverflow

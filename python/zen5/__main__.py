@@ -38,14 +38,8 @@ def _cmd_generate(a: argparse.Namespace) -> int:
             sys.stdout.write("\n")
             print(f"[{c.finish_reason}] prompt {u.prompt_tokens} tokens ({u.prefill_tps:.1f} tok/s), "
                   f"generated {u.completion_tokens} tokens ({u.decode_tps:.1f} tok/s), "
-                  f"{eng.threads} threads, isa {_isa()}", file=sys.stderr)
+                  f"{eng.threads} threads, isa {eng.isa}", file=sys.stderr)
     return 0
-
-
-def _isa() -> str:
-    from zen5 import _native
-
-    return _native.isa
 
 
 def _cmd_info(a: argparse.Namespace) -> int:

@@ -77,7 +77,8 @@ class Generation:
 
 
 class Engine:
-    def __init__(self, weights: LoadedWeights, threads: int | None = None, ctx: int | None = None):
+    def __init__(self, weights: LoadedWeights, threads: int | None = None, ctx: int | None = None,
+                 isa: str | None = None):
         cfg = weights.config
         self.weights = weights
         self.config: ModelConfig = cfg
@@ -90,12 +91,16 @@ class Engine:
             raise ValueError(f"ctx must be >= 1, got {ctx}")
         tensors = [(t.name, t.ggml_type, list(t.shape), t.data) for t in weights.tensors.values()]
         self.native = _native.Model(cfg.to_native(), tensors, cfg.rope_inv_freq(), self.threads)
-        self.ctx = _native.Context(self.native, self.n_ctx)
+        # isa: "ref" or "avx512" forces a kernel table for this context (tests run both);
+        # None uses the one chosen at import (CPUID, or ZEN5_FORCE_ISA).
+        self.ctx = _native.Context(self.native, self.n_ctx, isa or "")
+        self.isa: str = self.ctx.isa
         self._tokens: list[int] = []  # exactly the tokens whose K/V rows the context holds
 
     @classmethod
-    def load(cls, name_or_path: str = "smollm2", threads: int | None = None, ctx: int | None = None):
-        return cls(load_weights(resolve_model(name_or_path)), threads=threads, ctx=ctx)
+    def load(cls, name_or_path: str = "smollm2", threads: int | None = None, ctx: int | None = None,
+             isa: str | None = None):
+        return cls(load_weights(resolve_model(name_or_path)), threads=threads, ctx=ctx, isa=isa)
 
     # ---- prompts -------------------------------------------------------------------------
     @property
@@ -233,6 +238,8 @@ class Engine:
             "tied_output": cfg.tied_output,
             "chat_template": bool(self.chat_template),
             "fingerprint": f"{self.native.fingerprint:016x}",
+            "isa": self.isa,
+            "threads": self.threads,
         }
 
 
