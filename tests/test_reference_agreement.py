@@ -1,0 +1,98 @@
+"""The whole decoder pinned to an independent implementation: PyTorch fp32 (tests/reference) on
+the same dequantized weights. Logits must agree within a documented tolerance at every position
+of several prompts, on both kernel paths, and greedy continuations must be token-identical.
+
+Tolerance: the engine and the reference sum in different orders (fp32 both), which moves logits
+by ~1e-4 on SmolLM2 (logit range ~40). We allow 2e-3 absolute: two orders of magnitude of margin
+over what we measure, and still far below what any real bug (a wrong RoPE pair, a missed bias,
+an off-by-one in the cache) produces (> 1).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from torch_ref import TorchRef, load_for_reference
+from zen5 import _native
+from zen5.engine import Engine
+
+pytestmark = pytest.mark.model
+TOL = 2e-3
+ISAS = ["ref", "avx512"] if _native.avx512_supported() else ["ref"]
+
+PROMPTS = [
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "Unicode: naïve café, 東京, emoji 🚀 and numbers 3.14159 26535.",
+]
+
+
+@pytest.fixture(scope="module")
+def smol_ref(smollm2_path):
+    cfg, tensors = load_for_reference(smollm2_path)
+    return TorchRef(cfg, tensors)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_smollm2_logits_match_reference(smollm2_path, smol_ref, isa):
+    eng = Engine.load(smollm2_path, ctx=512, isa=isa)
+    worst = 0.0
+    for prompt in PROMPTS:
+        toks = eng.tokenizer.encode(prompt)
+        eng.reset()
+        ours = eng.ctx.eval(toks, all_logits=True)           # (n, vocab), every position
+        with torch.no_grad():
+            ref = smol_ref.forward(toks).numpy()
+        diff = np.abs(ours - ref).max(axis=1)
+        worst = max(worst, float(diff.max()))
+        assert diff.max() < TOL, f"{isa}: positions {np.nonzero(diff >= TOL)[0]} differ by {diff.max()}"
+        assert (ours.argmax(1) == ref.argmax(1)).all()
+    print(f"SmolLM2 {isa}: worst logit difference {worst:.3g} over {len(PROMPTS)} prompts")
+
+
+def test_smollm2_greedy_64_tokens_identical(smollm2_path, smol_ref):
+    eng = Engine.load(smollm2_path, ctx=512)
+    prompt = eng.tokenizer.encode(PROMPTS[0].replace("capital of France", "best way to learn Python"))
+    ours = eng.generate(prompt, max_tokens=64, temperature=0, stop=None)
+    with torch.no_grad():
+        ref = smol_ref.greedy(prompt, 64, stop=eng.tokenizer.eos_ids)
+    n = len(ours.token_ids)
+    assert ours.token_ids == ref[:n]
+    assert n == 64 or ref[n - 1] in eng.tokenizer.eos_ids or len(ref) == n
+    print(f"greedy: {n} tokens identical")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_tiny_deepseek_matches_reference(tiny_deepseek_dir, isa):
+    cfg, tensors = load_for_reference(tiny_deepseek_dir)
+    ref = TorchRef(cfg, tensors)
+    eng = Engine.load(str(tiny_deepseek_dir), ctx=256, isa=isa)
+    assert eng.config.vocab_size == 129280
+    toks = eng.tokenizer.encode("<｜begin▁of▁sentence｜><｜User｜>Call the weather tool for Paris.<｜Assistant｜><think>")
+    ours = eng.ctx.eval(toks, all_logits=True)
+    with torch.no_grad():
+        theirs = ref.forward(toks).numpy()
+    assert np.abs(ours - theirs).max() < TOL
+    eng.reset()
+    out = eng.generate(toks, max_tokens=64, temperature=0)
+    with torch.no_grad():
+        expect = ref.greedy(toks, 64, stop=eng.tokenizer.eos_ids)
+    assert out.token_ids == expect[: len(out.token_ids)]
+
+
+def test_dsml_tiny_matches_reference():
+    """The trained DeepSeek-format model from ../shared/models, when present."""
+    from zen5.models import ModelNotFound, resolve_model
+
+    try:
+        path = resolve_model("dsml-tiny")
+    except ModelNotFound as e:
+        pytest.skip(str(e))
+    cfg, tensors = load_for_reference(path)
+    ref = TorchRef(cfg, tensors)
+    eng = Engine.load(path, ctx=256)
+    toks = eng.tokenizer.encode("<｜begin▁of▁sentence｜>You are helpful.<｜User｜>Weather in Lisbon?<｜Assistant｜><think>")
+    ours = eng.ctx.eval(toks, all_logits=True)
+    with torch.no_grad():
+        assert np.abs(ours - ref.forward(toks).numpy()).max() < TOL
