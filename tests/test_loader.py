@@ -48,7 +48,8 @@ def test_smollm2_config(smol):
     c = smol.config
     assert (c.arch, c.n_layer, c.n_embd, c.n_ff, c.n_head, c.n_head_kv, c.head_dim) == \
         ("llama", 30, 576, 1536, 9, 3, 64)
-    assert (c.vocab_size, c.n_ctx_train, c.rope_theta, c.tied_output) == (49152, 8192, 100000.0, True)
+    assert (c.vocab_size, c.n_ctx_train, c.rope_theta, c.tied_output) == \
+        (49152, 8192, 100000.0, True)
     assert c.rope_neox is False and not c.qkv_bias and not c.qk_norm and c.rope_scaling is None
     assert abs(c.rms_eps - 1e-5) < 1e-9
     assert smol.metadata["format"] == "gguf" and smol.metadata["ignored_tensors"] == []
@@ -118,7 +119,8 @@ def test_tiny_gguf_archs(tmp_path, arch, tied):
     for name, t in w.tensors.items():
         if len(t.shape) == 1:  # F16 in the file, F32 for the engine
             assert t.ggml_type == GGML_F32
-            np.testing.assert_array_equal(t.data.view(np.float32), raw[name].data.astype(np.float32))
+            np.testing.assert_array_equal(t.data.view(np.float32),
+                                          raw[name].data.astype(np.float32))
 
 
 @pytest.mark.parametrize("qtype", [Q.Q5_K, Q.F64, Q.I8])
@@ -168,7 +170,8 @@ def test_missing_tensor_named(tmp_path):
 
 
 def test_wrong_shape_named(tmp_path):
-    path = tiny_gguf.write_gguf(tmp_path / "m.gguf", extra_tensors={"blk.0.attn_k.weight": (64, 64)})
+    path = tiny_gguf.write_gguf(tmp_path / "m.gguf",
+                                extra_tensors={"blk.0.attn_k.weight": (64, 64)})
     with pytest.raises(BadModelFile, match=r"blk\.0\.attn_k\.weight has shape \(64, 64\)"):
         load_weights(path)
 
@@ -267,14 +270,14 @@ def test_byte_flips_tiny_gguf(tmp_path):
 
 
 def test_byte_flips_real_gguf_header(tmp_path, smol_path):
-    reader = gguf.GGUFReader(smol_path)
-    kv_end = reader.fields["tokenizer.ggml.tokens"].offset
-    info_start = reader.tensors[0].field.offset
+    data_offset = read_header(smol_path).data_offset
+    head = open(smol_path, "rb").read(data_offset)
+    kv_end = head.index(b"tokenizer.ggml.tokens") - 8         # scalar metadata before the vocab
+    info_start = head.rindex(b"token_embd.weight") - 8         # first tensor info
     path = tmp_path / "flip.gguf"
     shutil.copyfile(smol_path, path)
     rng = np.random.default_rng(3)
-    offsets = list(rng.integers(0, kv_end, 6)) + list(rng.integers(info_start, reader.data_offset, 4))
-    for off in offsets:
+    for off in [*rng.integers(0, kv_end, 10), *rng.integers(info_start, data_offset, 10)]:
         xor = int(rng.integers(1, 256))
         _flip(path, int(off), xor)
         _load_fails_cleanly(path)
@@ -362,8 +365,8 @@ def test_hf_damaged_safetensors(tmp_path):
     st = os.path.join(folder, "model.safetensors")
     good = open(st, "rb").read()
     n = struct.unpack("<Q", good[:8])[0]
-    for bad in [good[:len(good) // 2], good[:8 + n // 2], good[:5], struct.pack("<Q", 2 ** 40) + good[8:],
-                good[:8] + b"{" * n + good[8 + n:]]:
+    for bad in [good[:len(good) // 2], good[:8 + n // 2], good[:5],
+                struct.pack("<Q", 2 ** 40) + good[8:], good[:8] + b"{" * n + good[8 + n:]]:
         open(st, "wb").write(bad)
         with pytest.raises(BadModelFile):
             load_weights(folder)

@@ -55,7 +55,8 @@ DIMS = dict(n_layer=2, n_embd=64, n_ff=256, n_head=4, n_head_kv=2, head_dim=16)
 
 def tensor_shapes(arch="llama", tied=True, **dims) -> dict[str, tuple[int, ...]]:
     d = {**DIMS, **dims}
-    q, kv, e, f = d["n_head"] * d["head_dim"], d["n_head_kv"] * d["head_dim"], d["n_embd"], d["n_ff"]
+    q, kv = d["n_head"] * d["head_dim"], d["n_head_kv"] * d["head_dim"]
+    e, f = d["n_embd"], d["n_ff"]
     n_vocab = len(vocab()[0])
     out = {"token_embd.weight": (n_vocab, e), "output_norm.weight": (e,)}
     if not tied:
@@ -68,7 +69,8 @@ def tensor_shapes(arch="llama", tied=True, **dims) -> dict[str, tuple[int, ...]]
                     p + "ffn_gate.weight": (f, e), p + "ffn_up.weight": (f, e),
                     p + "ffn_down.weight": (e, f)})
         if arch == "qwen2":
-            out.update({p + "attn_q.bias": (q,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)})
+            out.update({p + "attn_q.bias": (q,), p + "attn_k.bias": (kv,),
+                        p + "attn_v.bias": (kv,)})
         if arch == "qwen3":
             out.update({p + "attn_q_norm.weight": (d["head_dim"],),
                         p + "attn_k_norm.weight": (d["head_dim"],)})
@@ -140,7 +142,8 @@ def hf_tokenizer_json(path):
     os.unlink(gpath)
 
 
-HF_LAYER = {"attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
+HF_LAYER = {"attn_norm.weight": "input_layernorm.weight",
+            "attn_q.weight": "self_attn.q_proj.weight",
             "attn_k.weight": "self_attn.k_proj.weight", "attn_v.weight": "self_attn.v_proj.weight",
             "attn_output.weight": "self_attn.o_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
             "attn_k.bias": "self_attn.k_proj.bias", "attn_v.bias": "self_attn.v_proj.bias",
@@ -149,7 +152,8 @@ HF_LAYER = {"attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self
             "ffn_norm.weight": "post_attention_layernorm.weight",
             "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
             "ffn_down.weight": "mlp.down_proj.weight"}
-HF_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+HF_TOP = {"token_embd.weight": "model.embed_tokens.weight",
+          "output_norm.weight": "model.norm.weight",
           "output.weight": "lm_head.weight"}
 
 

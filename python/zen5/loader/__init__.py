@@ -75,7 +75,7 @@ def unsupported_type_error(source, name: str, type_label: str) -> UnsupportedMod
 
 
 def row_bytes(ggml_type: int, cols: int) -> int:
-    """Bytes of one row of `cols` elements; raises ValueError when cols doesn't fill whole blocks."""
+    """Bytes of one row of `cols` elements; ValueError when cols doesn't fill whole blocks."""
     block, size = _BLOCK[ggml_type]
     if cols % block:
         raise ValueError(f"{cols} columns is not a multiple of the {type_name(ggml_type)} "
