@@ -190,7 +190,8 @@ def write_hf_dir(folder, arch="llama", tied=True, dtype="bfloat16", shards=1, ex
            "intermediate_size": d["n_ff"], "num_attention_heads": d["n_head"],
            "num_key_value_heads": d["n_head_kv"], "head_dim": d["head_dim"],
            "max_position_embeddings": 1024, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
-           "tie_word_embeddings": tied, "bos_token_id": 1, "eos_token_id": 2}
+           "tie_word_embeddings": tied, "bos_token_id": 1, "eos_token_id": 2,
+           "vocab_size": len(vocab()[0])}
     cfg.update(config_overrides or {})
     with open(os.path.join(folder, "config.json"), "w") as fh:
         json.dump(cfg, fh)
