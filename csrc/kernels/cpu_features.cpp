@@ -13,8 +13,12 @@
 
 namespace zen5 {
 
+#ifdef ZEN5_NO_AVX512
+const Kernels* kernels_avx512() { return nullptr; }  // this build has only the reference
+#endif
+
 bool cpu_supports_avx512() {
-#if defined(__x86_64__) || defined(_M_X64)
+#if (defined(__x86_64__) || defined(_M_X64)) && !defined(ZEN5_NO_AVX512)
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
     const bool osxsave = c & (1u << 27), fma = c & (1u << 12), f16c = c & (1u << 29);
