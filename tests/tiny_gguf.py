@@ -142,26 +142,15 @@ def hf_tokenizer_json(path):
     os.unlink(gpath)
 
 
-HF_LAYER = {"attn_norm.weight": "input_layernorm.weight",
-            "attn_q.weight": "self_attn.q_proj.weight",
-            "attn_k.weight": "self_attn.k_proj.weight", "attn_v.weight": "self_attn.v_proj.weight",
-            "attn_output.weight": "self_attn.o_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
-            "attn_k.bias": "self_attn.k_proj.bias", "attn_v.bias": "self_attn.v_proj.bias",
-            "attn_q_norm.weight": "self_attn.q_norm.weight",
-            "attn_k_norm.weight": "self_attn.k_norm.weight",
-            "ffn_norm.weight": "post_attention_layernorm.weight",
-            "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
-            "ffn_down.weight": "mlp.down_proj.weight"}
-HF_TOP = {"token_embd.weight": "model.embed_tokens.weight",
-          "output_norm.weight": "model.norm.weight",
-          "output.weight": "lm_head.weight"}
-
-
 def hf_name(gguf_name: str) -> str:
-    if gguf_name in HF_TOP:
-        return HF_TOP[gguf_name]
+    """HF name of a GGUF-named tensor: the inverse of the loader's map (the PyTorch oracle keeps
+    its own independent map, so a wrong entry there still shows up as a mismatch)."""
+    from zen5.loader.safetensors import _LAYER_NAMES, _TOP_NAMES
+    top = {v: k for k, v in _TOP_NAMES.items()}
+    if gguf_name in top:
+        return top[gguf_name]
     _, i, rest = gguf_name.split(".", 2)
-    return f"model.layers.{i}.{HF_LAYER[rest]}"
+    return f"model.layers.{i}.{ {v: k for k, v in _LAYER_NAMES.items()}[rest]}"
 
 
 def write_hf_dir(folder, arch="llama", tied=True, dtype="bfloat16", shards=1, extra=None,
