@@ -1,0 +1,171 @@
+"""Neutral chat request and event types: the one shape every front door maps into.
+
+Protocol adapters (OpenAI chat, Responses, Anthropic Messages, the in-process API) translate wire
+JSON into a `ChatRequest` and `ChatEvent`s back into wire JSON; everything between (rendering,
+the cache ladder, tool IDs, signatures) sees only these types, so every front door behaves the
+same.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+from zen5.sampling import SamplingParams
+
+
+# ---- message content blocks ----------------------------------------------------------------
+@dataclass(frozen=True)
+class TextBlock:
+    text: str
+
+
+@dataclass(frozen=True)
+class ThinkingBlock:
+    text: str
+    signature: str | None = None      # ours, from a previous response; verified on replay
+
+
+@dataclass(frozen=True)
+class RedactedThinkingBlock:
+    data: str                         # our encrypted blob (opaque to the client)
+
+
+@dataclass(frozen=True)
+class ToolUseBlock:
+    id: str
+    name: str
+    arguments: str                    # JSON object text
+
+    @staticmethod
+    def from_input(id: str, name: str, value) -> "ToolUseBlock":
+        """Anthropic sends `input` as an object, OpenAI `arguments` as a JSON string."""
+        args = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        return ToolUseBlock(id, name, args)
+
+
+@dataclass(frozen=True)
+class ToolResultBlock:
+    tool_use_id: str
+    content: str
+    is_error: bool = False
+
+
+Block = Union[TextBlock, ThinkingBlock, RedactedThinkingBlock, ToolUseBlock, ToolResultBlock]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Role
+    blocks: tuple[Block, ...]
+
+    @staticmethod
+    def text(role: Role, text: str) -> "Message":
+        return Message(role, (TextBlock(text),))
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str = ""
+    parameters: dict = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    def openai(self) -> dict:
+        fn = {"name": self.name}
+        if self.description:
+            fn["description"] = self.description
+        fn["parameters"] = self.parameters
+        return {"type": "function", "function": fn}
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: str | dict = "auto"          # "auto" | "none" | "required" | {"name": ...}
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
+    max_tokens: int = 1024
+    stop: tuple[str, ...] = ()
+    thinking: bool | None = None              # None: the dialect's default
+    reasoning_effort: str | None = None       # DeepSeek V4: None | "high" | "max"
+    redact_thinking: bool = False             # return thinking as an encrypted blob
+    id_prefix: str = "call_"                  # "toolu_" for Anthropic, "call_" for OpenAI
+
+    def __post_init__(self):
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.id_prefix not in ("call_", "toolu_"):
+            raise ValueError(f"id_prefix must be call_ or toolu_, got {self.id_prefix!r}")
+
+
+# ---- events --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ThinkingDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ThinkingDone:
+    text: str
+    signature: str                            # verify-able on replay
+    encrypted: str | None = None              # set in redaction mode
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallStart:
+    id: str
+    name: str
+    index: int
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    id: str
+    fragment: str                             # JSON text; fragments concatenate to the arguments
+    index: int
+
+
+@dataclass(frozen=True)
+class ToolCallDone:
+    id: str
+    name: str
+    arguments: str
+    index: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    reused_tokens: int                        # served from the KV cache (live or restored)
+    prefilled_tokens: int                     # computed for this request
+    cache_source: str                         # live | token_prefix | text_prefix | disk | cold
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Finish:
+    reason: Literal["stop", "length", "tool_calls"]
+    usage: Usage
+    diagnostics: tuple[str, ...] = ()         # degrade notes (bad signature, canonical replay, ...)
+
+
+ChatEvent = Union[ThinkingDelta, ThinkingDone, TextDelta, ToolCallStart, ToolCallDelta,
+                  ToolCallDone, Finish]
+
+
+class ChatError(Exception):
+    """A request the session refuses. `status` is the HTTP status a server should answer with:
+    400 for requests that cannot be served as sent, 409 when live state they relied on is gone."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
