@@ -2,8 +2,10 @@
 
 GGUF files carry a byte-level BPE as plain arrays (tokens, merges, token types) plus the name of
 llama.cpp's pre-tokenizer; we rebuild the equivalent HF pipeline from those so both formats share
-one fast Rust implementation. Text is always encoded with special tokens recognised (chat
-templates write them as text) and never with an automatic BOS: the chat template decides.
+one fast Rust implementation. `encode` recognises special tokens (chat templates write them as
+text) and never adds an automatic BOS: the chat template decides. `encode_segments` is the
+control-string policy: only the template's own markers become special tokens, all message text
+is tokenized as plain text, so a user typing `<|im_start|>` cannot forge a turn boundary.
 `StreamDecoder` turns a stream of ids into text without ever emitting half a UTF-8 character.
 """
 from __future__ import annotations
@@ -71,6 +73,7 @@ class Tokenizer:
         eos = {eos_id} if eos_id is not None else set()
         eos |= {self._added[t] for t in END_OF_TURN if t in self._added}
         self._eos = frozenset(eos)
+        self._plain_hf: HFTokenizer | None = None  # added-token matching off; built on demand
 
     # --- construction -------------------------------------------------------------------
 
@@ -117,6 +120,24 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self._hf.encode(text, add_special_tokens=False).ids
 
+    def encode_segments(self, segments) -> list[int]:
+        """Encode prompt segments (objects with `.text` and `.control`, e.g. dialects.base.Segment).
+
+        Control segments are encoded like `encode` (special tokens recognised); all other text
+        with no added token matched at all, so user or tool text containing a control string
+        becomes ordinary text tokens. Adjacent segments of one kind are encoded together, so a
+        prompt without look-alikes encodes exactly as `encode("".join(texts))`.
+        """
+        ids: list[int] = []
+        for control, text in _runs(segments):
+            ids += self.encode(text) if control else self._encode_plain(text)
+        return ids
+
+    def _encode_plain(self, text: str) -> list[int]:
+        if self._plain_hf is None:
+            self._plain_hf = _without_added_token_matching(self._hf)
+        return self._plain_hf.encode(text, add_special_tokens=False).ids
+
     def decode(self, ids, skip_special: bool = False) -> str:
         return self._hf.decode(list(ids), skip_special_tokens=skip_special)
 
@@ -146,6 +167,31 @@ class Tokenizer:
     @property
     def hf(self) -> HFTokenizer:
         return self._hf
+
+
+def _runs(segments) -> list[tuple[bool, str]]:
+    """(control, text) runs: adjacent segments of one kind joined, empty ones dropped."""
+    runs: list[tuple[bool, str]] = []
+    for seg in segments:
+        if not seg.text:
+            continue
+        if runs and runs[-1][0] == bool(seg.control):
+            runs[-1] = (runs[-1][0], runs[-1][1] + seg.text)
+        else:
+            runs.append((bool(seg.control), seg.text))
+    return runs
+
+
+def _without_added_token_matching(hf: HFTokenizer) -> HFTokenizer:
+    """A copy of `hf` that matches no added token in text. HF's `encode_special_tokens` only
+    turns off tokens flagged special, and DeepSeek's markers (`<｜User｜>`, `｜DSML｜`) are not,
+    so the copy flags every added token special first."""
+    spec = json.loads(hf.to_str())
+    for tok in spec.get("added_tokens", []):
+        tok["special"] = True
+    clone = HFTokenizer.from_str(json.dumps(spec))
+    clone.encode_special_tokens = True
+    return clone
 
 
 def _field(reader, key, default):
