@@ -96,6 +96,7 @@ class Engine:
         self.ctx = _native.Context(self.native, self.n_ctx, isa or "")
         self.isa: str = self.ctx.isa
         self._tokens: list[int] = []  # exactly the tokens whose K/V rows the context holds
+        self.state_id = 0              # bumped on every change of the cache (staleness checks)
 
     @classmethod
     def load(cls, name_or_path: str = "smollm2", threads: int | None = None, ctx: int | None = None,
@@ -136,12 +137,35 @@ class Engine:
         limit = min(len(self._tokens), len(tokens) - 1)
         while keep < limit and self._tokens[keep] == tokens[keep]:
             keep += 1
-        self.ctx.rewind(keep)
-        del self._tokens[keep:]
-        self._eval(tokens[keep:])
+        self.rewind(keep)
+        self.append(tokens[keep:])
         return keep
 
-    def _eval(self, tokens: list[int]) -> None:
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """The tokens the KV cache holds, in order."""
+        return tuple(self._tokens)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self._tokens)
+
+    def rewind(self, n: int) -> None:
+        """Keep only the first n cached tokens."""
+        self.ctx.rewind(n)
+        if n != len(self._tokens):
+            del self._tokens[n:]
+            self.state_id += 1
+
+    def append(self, tokens: list[int]) -> None:
+        """Evaluate tokens after the cached ones (prefill or decode); logits are then fresh."""
+        if not tokens:
+            return
+        if len(self._tokens) + len(tokens) > self.n_ctx:
+            raise _native.ContextOverflow(
+                f"{len(self._tokens)} cached + {len(tokens)} new tokens exceed the context of "
+                f"{self.n_ctx} tokens")
+        self.state_id += 1
         try:
             self.ctx.eval(tokens)
         except BaseException:
@@ -153,6 +177,7 @@ class Engine:
     def reset(self) -> None:
         self.ctx.rewind(0)
         self._tokens.clear()
+        self.state_id += 1
 
     # ---- generation ----------------------------------------------------------------------
     def generate(self, prompt: str | list[int], max_tokens: int = 128, stream: bool = False,
@@ -211,7 +236,7 @@ class Engine:
             held = held[safe:]
             if len(self._tokens) >= self.n_ctx:
                 break  # context full: finish_reason stays "length"
-            self._eval([tok])
+            self.append([tok])
         if not stopped_on_text:
             held += decoder.flush()
         t2 = time.perf_counter()

@@ -1,0 +1,103 @@
+"""What every chat dialect provides, and the typed events its streaming parser emits.
+
+A dialect turns neutral chat messages into the exact prompt text a model family was trained on,
+and turns sampled text back into reasoning, content and tool calls. Each dialect module
+(`deepseek_v4.py`, `chatml.py`) exposes one class implementing `Dialect`; the session layer
+never looks inside the text itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Protocol, Union
+
+
+# ---- one-shot parse results -------------------------------------------------------------
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str            # JSON object text, built exactly as the dialect's spec says
+    raw: str                  # the exact sampled text of this call (one invoke / <tool_call> block)
+
+
+@dataclass(frozen=True)
+class ParsedMessage:
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    # the exact sampled text of the whole tool-call section (DSML block / all <tool_call> blocks
+    # with their separators), "" when there are no calls
+    tool_block_raw: str = ""
+    # leniencies applied (lenient mode only), e.g. "missing_blank_line_before_tool_block"
+    notes: tuple[str, ...] = ()
+
+
+class ParseError(ValueError):
+    """Strict parse failure: the text is not well-formed output of this dialect."""
+
+
+# ---- streaming events ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallStart:
+    index: int                # 0-based position of the call within this message
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolCallArgsDelta:
+    index: int
+    json_fragment: str        # concatenated fragments of one call == its final `arguments`
+
+
+@dataclass(frozen=True)
+class ToolCallEnd:
+    index: int
+    name: str
+    arguments: str
+    raw: str                  # exact sampled text of the call block
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    message: str
+    raw: str = ""             # the text that could not be parsed (emitted as nothing else)
+
+
+Event = Union[ReasoningDelta, TextDelta, ToolCallStart, ToolCallArgsDelta, ToolCallEnd, ErrorEvent]
+
+
+class StreamParser(Protocol):
+    def feed(self, delta: str) -> list[Event]: ...
+    def finish(self) -> list[Event]: ...   # end of generation (EOS or limit): flush or report
+
+
+# ---- prompt segments (control-string policy) ----------------------------------------------
+@dataclass(frozen=True)
+class Segment:
+    """A piece of rendered prompt. `control` pieces are the template's own markers and may be
+    tokenized as special tokens; all other text (user, tool, assistant content) is tokenized as
+    plain text, so a user typing a marker can never forge a turn boundary."""
+    text: str
+    control: bool = False
+
+
+class Dialect(Protocol):
+    name: str
+
+    def render(self, messages: list[dict], tools: list[dict] | None = None, **options) -> str: ...
+    def render_segments(self, messages: list[dict], tools: list[dict] | None = None,
+                        **options) -> list[Segment]: ...
+    def parse(self, text: str, lenient: bool = False, **options) -> ParsedMessage: ...
+    def stream_parser(self, lenient: bool = True, **options) -> StreamParser: ...
+    def render_tool_calls(self, calls: Iterable[tuple[str, str]]) -> str: ...  # canonical (name, args JSON)
+    @property
+    def stop_strings(self) -> tuple[str, ...]: ...

