@@ -11,6 +11,13 @@ from dataclasses import dataclass
 from typing import Iterable, Protocol, Union
 
 
+# An assistant message dict may carry this key (set by the session from tool memory): the exact
+# sampled tool-call section (ParsedMessage.tool_block_raw of that dialect). The renderer then
+# writes those bytes instead of a canonical rendering of `tool_calls`, so a replayed turn is
+# byte-identical to what the model produced and every cache prefix after it stays valid.
+RAW_TOOL_BLOCK = "_raw_tool_block"
+
+
 # ---- one-shot parse results -------------------------------------------------------------
 @dataclass(frozen=True)
 class ToolCall:

@@ -28,7 +28,8 @@ import math
 import re
 from typing import Iterable
 
-from zen5.dialects.base import (ErrorEvent, Event, ParsedMessage, ParseError, Segment,
+from zen5.dialects.base import (RAW_TOOL_BLOCK, ErrorEvent, Event, ParsedMessage, ParseError,
+                                Segment,
                                 TextDelta, ToolCall, ToolCallArgsDelta, ToolCallEnd,
                                 ToolCallStart)
 
@@ -181,7 +182,12 @@ def _turns(messages: list[dict]):
             calls = [_call_pair(c) for c in m.get("tool_calls") or []]
             if calls:
                 call_order = {c.get("id"): k for k, c in enumerate(m["tool_calls"])}
-            yield "assistant", assistant_text(_text_of(m.get("content")), calls)
+            raw = m.get(RAW_TOOL_BLOCK)
+            if calls and isinstance(raw, str):  # exact replay: the blocks as sampled
+                content = _text_of(m.get("content"))
+                yield "assistant", f"{content}\n{raw}" if content else raw
+            else:
+                yield "assistant", assistant_text(_text_of(m.get("content")), calls)
         elif role not in ("system", "developer"):
             raise ValueError(f"unsupported message role {role!r} for the ChatML dialect")
         i += 1

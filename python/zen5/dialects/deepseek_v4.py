@@ -27,7 +27,7 @@ import json
 import re
 from typing import Any, Iterable, Optional
 
-from .base import ParsedMessage, ParseError, Segment, ToolCall
+from .base import RAW_TOOL_BLOCK, ParsedMessage, ParseError, Segment, ToolCall
 
 __all__ = [
     "encode_messages", "parse_message_from_completion_text", "render_segments",
@@ -315,8 +315,12 @@ def _render_assistant(out: _Prompt, index: int, messages: list[dict], thinking: 
         out.control(THINK_CLOSE)  # the opening <think> was written by the turn transition
     out.text(msg.get("content") or "")
     if msg.get("tool_calls"):
-        _render_tool_block(out, [(tc["function"]["name"], tc["function"]["arguments"])
-                                 for tc in msg["tool_calls"]])
+        raw = msg.get(RAW_TOOL_BLOCK)
+        if isinstance(raw, str):  # exact replay: the block as the model sampled it
+            out.template(raw)
+        else:
+            _render_tool_block(out, [(tc["function"]["name"], tc["function"]["arguments"])
+                                     for tc in msg["tool_calls"]])
     if not msg.get("wo_eos", False):
         out.control(EOS)
 
