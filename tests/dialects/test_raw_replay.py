@@ -1,6 +1,8 @@
 """Exact replay: an assistant message carrying RAW_TOOL_BLOCK renders the sampled bytes, while
 the same calls as JSON render canonically (and differently when the model's spelling was not
 canonical)."""
+import json
+
 import pytest
 
 from zen5.dialects import get_dialect
@@ -26,8 +28,10 @@ def test_raw_block_renders_sampled_bytes(name):
     prompt = d.render(user, **opts)
     parsed = d.parse(SAMPLED[name], lenient=True, **opts)
     assert len(parsed.tool_calls) == 1 and parsed.tool_block_raw
+    # the client replays the call as JSON of its own spelling: keys sorted, numbers re-printed
+    replayed = json.dumps(json.loads(parsed.tool_calls[0].arguments), sort_keys=True)
     call = {"id": "call_1", "type": "function",
-            "function": {"name": parsed.tool_calls[0].name, "arguments": parsed.tool_calls[0].arguments}}
+            "function": {"name": parsed.tool_calls[0].name, "arguments": replayed}}
     msg = {"role": "assistant", "content": parsed.content, "tool_calls": [call]}
     if parsed.reasoning:
         msg["reasoning_content"] = parsed.reasoning
