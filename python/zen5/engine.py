@@ -17,7 +17,7 @@ from zen5 import _native
 from zen5.config import SUPPORTED_TYPES, ModelConfig
 from zen5.loader import LoadedWeights, load_weights
 from zen5.models import resolve_model
-from zen5.sampling import Sampler, SamplingParams, TokenLogprob
+from zen5.sampling import Sampler, SamplingParams, TokenLogprob, find_stop, partial_stop_len
 from zen5.tokenizer import StreamDecoder, Tokenizer
 
 DEFAULT_MAX_CTX = 16384  # default context cap: the fp32 KV cache grows linearly with it
@@ -227,11 +227,11 @@ class Engine:
                 finish = "stop"
                 break
             held += decoder.push(tok)
-            cut = _find_stop(held, stops)
+            cut = find_stop(held, stops)
             if cut is not None:
                 held, finish, stopped_on_text = held[:cut], "stop", True
                 break
-            safe = len(held) - _partial_stop_len(held, stops)
+            safe = len(held) - partial_stop_len(held, stops)
             yield Chunk(held[:safe], tok, lp)
             held = held[safe:]
             if len(self._tokens) >= self.n_ctx:
@@ -266,20 +266,3 @@ class Engine:
             "isa": self.isa,
             "threads": self.threads,
         }
-
-
-def _find_stop(text: str, stops: list[str]) -> int | None:
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return min(hits) if hits else None
-
-
-def _partial_stop_len(text: str, stops: list[str]) -> int:
-    """Length of the longest tail of `text` that is a proper prefix of some stop string."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best
-

@@ -80,3 +80,22 @@ class Sampler:
         top = np.argpartition(-lp, n - 1)[:n] if n else np.array([], dtype=np.int64)
         top = top[np.argsort(-lp[top], kind="stable")]
         return TokenLogprob(token_id, float(lp[token_id]), tuple((int(i), float(lp[i])) for i in top))
+
+
+# ---- stop strings (shared by every generation loop) ----------------------------------------
+def find_stop(text: str, stops) -> int | None:
+    """Index of the earliest stop string in `text`, or None."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+def partial_stop_len(text: str, stops) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of some stop string: that
+    much must be held back from streaming until the next token decides."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best

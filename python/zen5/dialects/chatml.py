@@ -815,7 +815,7 @@ class ChatMLDialect:
                       **_other_dialects_options) -> ChatMLStreamParser:
         return ChatMLStreamParser(lenient=lenient)
 
-    def syntax_tracker(self) -> ChatMLSyntaxTracker:
+    def syntax_tracker(self, **_other_dialects_options) -> ChatMLSyntaxTracker:
         return ChatMLSyntaxTracker()
 
     def render_tool_calls(self, calls: Iterable[tuple[str, object]]) -> str:

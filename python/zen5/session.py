@@ -1,0 +1,417 @@
+"""ChatSession: one live model state, the cache ladder, exact replay and thinking fidelity.
+
+An agent's tool loop must never re-prefill what the model already holds. For each request the
+session decides what it can keep, cheapest first, and reports the rung (`cache_source`):
+
+1. live     the previous turn ended in tool calls we issued, the request's trailing tool
+            results answer exactly that ID set, and the cache is still where that turn left
+            it: append only the suffix (end of turn, the results, the next assistant prefix).
+            The client's copy of the history is not re-rendered at all.
+2. token_prefix / text_prefix
+            render the whole request; keep the longest part of the cache it agrees with: all
+            live tokens when the live text is a byte prefix of the prompt (then only the rest of
+            the text is tokenized: BPE merges across a string boundary, so tokens cut out of a
+            full-prompt tokenization are never reused), else the common token prefix.
+3. cold     prefill everything.
+(Disk checkpoints plug in between 2 and 3 in their own module.)
+
+Replayed history is rendered exactly when we can prove it is what the model produced: tool
+calls through tool memory (ID -> sampled block), thinking through signatures or our encrypted
+blobs. Anything unproven degrades that one message to canonical rendering, with a diagnostic;
+the request still succeeds.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from zen5 import _native
+from zen5.chat_types import (ChatError, ChatEvent, ChatRequest, Finish, Message,
+                             RedactedThinkingBlock, TextBlock, TextDelta, ThinkingBlock,
+                             ThinkingDelta, ThinkingDone, ToolCallDelta, ToolCallDone,
+                             ToolCallStart, ToolResultBlock, ToolUseBlock, Usage)
+from zen5.dialects import detect_dialect, get_dialect
+from zen5.dialects import base as d
+from zen5.engine import Engine
+from zen5.sampling import Sampler, find_stop, partial_stop_len
+from zen5.signatures import ThinkingSigner, load_or_create_secret
+from zen5.tokenizer import StreamDecoder
+from zen5.tool_memory import ToolMemory, ToolRecord, new_tool_id
+
+# Stands in for the live assistant turn when rendering the continuation suffix: everything the
+# dialect writes after it (end of turn, tool results, next assistant prefix) is the suffix.
+_SENTINEL = "\x00zen5-live-frontier\x00"
+
+
+@dataclass
+class _Live:
+    """What the cache holds after our last turn, and how it ended."""
+    text: str                      # decoded text of exactly the cached tokens
+    state_id: int                  # Engine.state_id when this was recorded
+    pending: tuple[str, ...] = ()  # IDs of the tool calls the turn ended with (complete ones)
+    thinking_mode: str = "chat"
+
+
+@dataclass
+class _Plan:
+    source: str
+    keep: int                      # cached tokens to keep
+    new_tokens: list[int]          # tokens to prefill after them
+    text: str                      # the full prompt text once prefilled
+    state_id: int = -1             # Engine.state_id the plan was made against
+
+
+class ChatSession:
+    def __init__(self, engine: Engine, dialect: str | None = None, *,
+                 state_dir: str | Path | None = None, tool_memory: ToolMemory | None = None,
+                 syntax_greedy: bool = True):
+        self.engine = engine
+        tok = engine.tokenizer
+        self.dialect = get_dialect(detect_dialect(tok, engine.chat_template, override=dialect))
+        self.memory = tool_memory or ToolMemory()
+        state = Path(state_dir) if state_dir else Path.home() / ".cache" / "zen5"
+        model_id = f"{engine.native.fingerprint:016x}"
+        self.signer = ThinkingSigner(load_or_create_secret(state), model_id)
+        self.syntax_greedy = syntax_greedy
+        self._live: _Live | None = None
+
+    # ---- public -----------------------------------------------------------------------------
+    def chat(self, request: ChatRequest) -> Iterator[ChatEvent]:
+        """Serve one request: validate and plan (errors raise ChatError before any event), then
+        stream events; the last one is Finish."""
+        thinking_mode = self._thinking_mode(request)
+        messages, diagnostics = self._dialect_messages(request, thinking_mode)
+        plan = self._plan(request, messages, thinking_mode)
+        return self._run(request, plan, thinking_mode, diagnostics)
+
+    @property
+    def live_tool_ids(self) -> tuple[str, ...]:
+        return self._live.pending if self._live_valid() else ()
+
+    # ---- request -> dialect messages --------------------------------------------------------
+    def _thinking_mode(self, request: ChatRequest) -> str:
+        if self.dialect.name != "deepseek_v4":
+            return "chat"
+        return "chat" if request.thinking is False else "thinking"
+
+    def _dialect_messages(self, request: ChatRequest, thinking_mode: str) -> tuple[list[dict], list[str]]:
+        """Neutral messages -> the dialect's OpenAI-style dicts, with exact replay where proven.
+        Also enforces the protocol ID rules (400 unknown, 409 live state gone)."""
+        diags: list[str] = []
+        merged = _merge_assistant_runs(request.messages)
+        replayed = {b.id for m in merged if m.role == "assistant" for b in m.blocks if isinstance(b, ToolUseBlock)}
+        live_ids = set(self.live_tool_ids)
+        out: list[dict] = []
+        for m in merged:
+            if m.role == "assistant":
+                out.append(self._assistant(m, thinking_mode, diags))
+                continue
+            for b in m.blocks:
+                if isinstance(b, ToolResultBlock):
+                    self._check_result_id(b.tool_use_id, replayed, live_ids)
+                    out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": b.content})
+            text = "".join(b.text for b in m.blocks if isinstance(b, TextBlock))
+            if text or not any(isinstance(b, ToolResultBlock) for b in m.blocks):
+                out.append({"role": "user" if m.role == "tool" else m.role, "content": text})
+        return out, diags
+
+    def _check_result_id(self, tool_id: str, replayed: set[str], live: set[str]) -> None:
+        if tool_id in replayed or tool_id in live:
+            return
+        if tool_id in self.memory:
+            raise ChatError(409, f"tool result {tool_id} answers a call whose live state is gone; "
+                                 "replay the full history, including the assistant tool call")
+        raise ChatError(400, f"unknown tool_use_id {tool_id}: it is neither live nor answered by "
+                             "an assistant tool call in this request; replay the full history")
+
+    def _assistant(self, m: Message, thinking_mode: str, diags: list[str]) -> dict:
+        reasoning, content, calls = [], [], []
+        for b in m.blocks:
+            if isinstance(b, ThinkingBlock):
+                if self.signer.verify(b.text, b.signature):
+                    reasoning.append(b.text)
+                else:
+                    diags.append("thinking block without a valid signature: rendered without it")
+            elif isinstance(b, RedactedThinkingBlock):
+                text = self.signer.decrypt(b.data)
+                if text is None:
+                    diags.append("redacted thinking that is not ours or was altered: dropped")
+                else:
+                    reasoning.append(text)
+            elif isinstance(b, TextBlock):
+                content.append(b.text)
+            elif isinstance(b, ToolUseBlock):
+                calls.append(b)
+        msg: dict = {"role": "assistant", "content": "".join(content)}
+        if reasoning and thinking_mode == "thinking":
+            msg["reasoning_content"] = "".join(reasoning)
+        if calls:
+            msg["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+            raw = self.memory.exact_block([c.id for c in calls])
+            if raw is not None:
+                msg[d.RAW_TOOL_BLOCK] = raw
+            else:
+                diags.append(f"tool calls {[c.id for c in calls]} rendered canonically "
+                             "(not all found in tool memory as one sampled block)")
+        return msg
+
+    def _render_segments(self, request: ChatRequest, messages: list[dict], thinking_mode: str):
+        tools = [t.openai() for t in request.tools] or None
+        return self.dialect.render_segments(messages, tools, thinking_mode=thinking_mode,
+                                            reasoning_effort=request.reasoning_effort)
+
+    # ---- the cache ladder -------------------------------------------------------------------
+    def _live_valid(self) -> bool:
+        return self._live is not None and self._live.state_id == self.engine.state_id
+
+    def _plan(self, request: ChatRequest, messages: list[dict], thinking_mode: str) -> _Plan:
+        plan = self._plan_live(request, messages, thinking_mode)
+        if plan is None:
+            plan = self._plan_prefix(self._render_segments(request, messages, thinking_mode))
+        plan.state_id = self.engine.state_id
+        total = plan.keep + len(plan.new_tokens)
+        if total > self.engine.n_ctx:
+            raise ChatError(400, f"the prompt is {total} tokens, over the context of "
+                                 f"{self.engine.n_ctx} tokens; shorten the conversation")
+        return plan
+
+    def _plan_live(self, request: ChatRequest, messages: list[dict], thinking_mode: str) -> _Plan | None:
+        live = self._live
+        if not self._live_valid() or not live.pending or live.thinking_mode != thinking_mode:
+            return None
+        tail = _trailing_turn(messages)
+        answered = sorted(m["tool_call_id"] for m in tail if m.get("role") == "tool")
+        if answered != sorted(live.pending):
+            return None  # a partial or different set of results is not a continuation
+        head = messages[: len(messages) - len(tail)]
+        recs = [self.memory.get(i) for i in live.pending]
+        if any(r is None for r in recs):
+            return None
+        calls = [{"id": r.id, "type": "function", "function": {"name": r.name, "arguments": r.arguments}}
+                 for r in recs]
+        stand_in = {"role": "assistant", "content": "", "tool_calls": calls, d.RAW_TOOL_BLOCK: _SENTINEL}
+        if head and head[-1].get("role") == "assistant":
+            head = head[:-1]
+        segs = self._render_segments(request, head + [stand_in] + tail, thinking_mode)
+        suffix = _segments_after(segs, _SENTINEL)
+        if suffix is None:
+            return None
+        tokens = self.engine.tokenizer.encode_segments(suffix)
+        return _Plan("live", self.engine.n_tokens, tokens, live.text + "".join(s.text for s in suffix))
+
+    def _plan_prefix(self, segments: list[d.Segment]) -> _Plan:
+        text = "".join(s.text for s in segments)
+        tokens = self.engine.tokenizer.encode_segments(segments)
+        cached = self.engine.tokens
+        common = 0
+        limit = min(len(cached), len(tokens) - 1)  # leave one token to compute fresh logits
+        while common < limit and cached[common] == tokens[common]:
+            common += 1
+        if self._live_valid() and common < len(cached) and text.startswith(self._live.text):
+            rest = _segments_from(segments, len(self._live.text))
+            if rest is not None:
+                more = self.engine.tokenizer.encode_segments(rest)
+                if more:
+                    return _Plan("text_prefix", len(cached), more, text)
+        source = "token_prefix" if common else "cold"
+        return _Plan(source, common, tokens[common:], text)
+
+    # ---- generation -------------------------------------------------------------------------
+    def _run(self, request: ChatRequest, plan: _Plan, thinking_mode: str,
+             diagnostics: list[str]) -> Iterator[ChatEvent]:
+        eng, tok = self.engine, self.engine.tokenizer
+        if plan.state_id != eng.state_id:
+            # another request ran between acceptance and execution
+            if plan.source == "live":
+                raise ChatError(409, "the live state this request continues is gone; replay the full history")
+            messages, _ = self._dialect_messages(request, thinking_mode)
+            plan = self._plan_prefix(self._render_segments(request, messages, thinking_mode))
+        t0 = time.perf_counter()
+        self._live = None  # the cache is about to change; re-established at the end
+        eng.rewind(plan.keep)
+        try:
+            eng.append(plan.new_tokens)
+        except _native.ContextOverflow as e:
+            raise ChatError(400, str(e)) from None
+        t1 = time.perf_counter()
+        gen = _Generation(self, request, thinking_mode)
+        yield from gen.run()
+        t2 = time.perf_counter()
+
+        calls = gen.finished_calls()
+        self._remember_calls(calls, gen, thinking_mode)
+        self._live = _Live(plan.text + tok.decode(gen.evaluated), eng.state_id,
+                           tuple(c[0] for c in calls) if gen.reason == "tool_calls" else (),
+                           thinking_mode)
+        usage = Usage(prompt_tokens=plan.keep + len(plan.new_tokens), completion_tokens=gen.n_sampled,
+                      reused_tokens=plan.keep, prefilled_tokens=len(plan.new_tokens),
+                      cache_source=plan.source, prefill_seconds=t1 - t0, decode_seconds=t2 - t1)
+        yield Finish(gen.reason, usage, tuple(diagnostics + gen.diagnostics))
+
+    def _remember_calls(self, calls, gen: "_Generation", thinking_mode: str) -> None:
+        if not calls:
+            return
+        parsed = self.dialect.parse(gen.text, lenient=True, thinking_mode=thinking_mode)
+        if len(parsed.tool_calls) != len(calls):
+            gen.diagnostics.append("tool calls not remembered: stream and one-shot parse disagree")
+            return
+        block_id = calls[0][0]
+        for i, ((cid, _name, _args), call) in enumerate(zip(calls, parsed.tool_calls)):
+            self.memory.remember(ToolRecord(cid, call.name, call.arguments, call.raw,
+                                            parsed.tool_block_raw, block_id, i, len(calls)))
+
+
+class _Generation:
+    """The sampling loop of one request: sample (structure greedy, payload at the request's
+    settings), feed the dialect's stream parser, translate its events, stop on EOS, stop
+    strings or the token limit."""
+
+    def __init__(self, session: ChatSession, request: ChatRequest, thinking_mode: str):
+        self.s, self.req = session, request
+        opts = {"thinking_mode": thinking_mode}
+        self.parser = session.dialect.stream_parser(lenient=True, **opts)
+        self.tracker = session.dialect.syntax_tracker(**opts) if session.syntax_greedy else None
+        self.sampler = Sampler(request.sampling)
+        self.decoder = StreamDecoder(session.engine.tokenizer)
+        self.evaluated: list[int] = []   # sampled tokens now in the cache
+        self.n_sampled = 0
+        self.text = ""                   # sampled text fed to the parser
+        self.reason = "length"
+        self.diagnostics: list[str] = []
+        self._thinking: list[str] = []
+        self._thinking_open = thinking_mode == "thinking"
+        self._calls: dict[int, list] = {}   # index -> [id, name, arguments | None]
+
+    def finished_calls(self) -> list[tuple[str, str, str]]:
+        return [(c[0], c[1], c[2]) for _, c in sorted(self._calls.items()) if c[2] is not None]
+
+    def run(self) -> Iterator[ChatEvent]:
+        eng, req = self.s.engine, self.req
+        eos = eng.tokenizer.eos_ids
+        stops = tuple(req.stop)
+        pending = ""  # decoded text held back: it may be the start of a stop string
+        for _ in range(req.max_tokens):
+            tok = self._sample(eng.ctx.logits())
+            self.n_sampled += 1
+            if tok in eos:
+                self.reason = "stop"
+                break
+            if eng.n_tokens >= eng.n_ctx:
+                break  # context full: finish "length"
+            eng.append([tok])
+            self.evaluated.append(tok)
+            pending += self.decoder.push(tok)
+            cut = find_stop(pending, stops)
+            if cut is not None:
+                yield from self._feed(pending[:cut])
+                pending, self.reason = "", "stop"
+                break
+            keep = partial_stop_len(pending, stops)
+            yield from self._feed(pending[: len(pending) - keep])
+            pending = pending[len(pending) - keep:]
+        else:
+            pending += self.decoder.flush()
+        if self.reason == "length" or pending:
+            yield from self._feed(pending)
+        yield from self._translate(self.parser.finish())
+        yield from self._close_thinking()
+        if self.finished_calls() and self.reason == "stop":
+            self.reason = "tool_calls"
+
+    def _sample(self, logits: np.ndarray) -> int:
+        if self.tracker is not None and self.tracker.next_kind() == "structure":
+            return int(np.argmax(logits))
+        return self.sampler.sample(logits)
+
+    def _feed(self, text: str) -> Iterator[ChatEvent]:
+        if not text:
+            return
+        self.text += text
+        if self.tracker is not None:
+            self.tracker.feed(text)
+        yield from self._translate(self.parser.feed(text))
+
+    def _translate(self, events: list[d.Event]) -> Iterator[ChatEvent]:
+        for e in events:
+            if isinstance(e, d.ReasoningDelta):
+                self._thinking.append(e.text)
+                if not self.req.redact_thinking:
+                    yield ThinkingDelta(e.text)
+                continue
+            yield from self._close_thinking()
+            if isinstance(e, d.TextDelta):
+                yield TextDelta(e.text)
+            elif isinstance(e, d.ToolCallStart):
+                cid = new_tool_id(self.req.id_prefix)
+                self._calls[e.index] = [cid, e.name, None]
+                yield ToolCallStart(cid, e.name, e.index)
+            elif isinstance(e, d.ToolCallArgsDelta) and e.index in self._calls:
+                yield ToolCallDelta(self._calls[e.index][0], e.json_fragment, e.index)
+            elif isinstance(e, d.ToolCallEnd) and e.index in self._calls:
+                c = self._calls[e.index]
+                c[2] = e.arguments
+                yield ToolCallDone(c[0], e.name, e.arguments, e.index)
+            elif isinstance(e, d.ErrorEvent):
+                self.diagnostics.append(f"model output not executable: {e.message}")
+
+    def _close_thinking(self) -> Iterator[ChatEvent]:
+        if not self._thinking_open:
+            return
+        self._thinking_open = False
+        text = "".join(self._thinking)
+        signer = self.s.signer
+        yield ThinkingDone(text, signer.sign(text), signer.encrypt(text) if self.req.redact_thinking else None)
+
+
+# ---- helpers ------------------------------------------------------------------------------
+def _merge_assistant_runs(messages) -> list[Message]:
+    """Adjacent assistant messages are one turn split by the client (thinking, text and
+    tool_use sent as separate messages): bundle them so they render like the original turn."""
+    out: list[Message] = []
+    for m in messages:
+        if out and m.role == "assistant" and out[-1].role == "assistant":
+            out[-1] = Message("assistant", out[-1].blocks + m.blocks)
+        else:
+            out.append(m)
+    return out
+
+
+def _trailing_turn(messages: list[dict]) -> list[dict]:
+    """The messages after the last assistant message (tool results, and any text the client
+    adds beside them, such as Claude Code's reminders)."""
+    i = len(messages)
+    while i > 0 and messages[i - 1].get("role") != "assistant":
+        i -= 1
+    return messages[i:]
+
+
+def _segments_after(segments: list[d.Segment], marker: str) -> list[d.Segment] | None:
+    """The segments after the first occurrence of `marker` (which must lie in plain text)."""
+    for k, s in enumerate(segments):
+        pos = s.text.find(marker)
+        if pos >= 0:
+            if s.control:
+                return None
+            rest = s.text[pos + len(marker):]
+            return ([d.Segment(rest)] if rest else []) + list(segments[k + 1:])
+    return None
+
+
+def _segments_from(segments: list[d.Segment], offset: int) -> list[d.Segment] | None:
+    """The segments from character `offset` on; None if the offset splits a control marker."""
+    pos = 0
+    for k, s in enumerate(segments):
+        end = pos + len(s.text)
+        if offset < end or (offset == end and k == len(segments) - 1):
+            if offset == pos:
+                return list(segments[k:])
+            if s.control:
+                return None
+            return [d.Segment(s.text[offset - pos:])] + list(segments[k + 1:])
+        pos = end
+    return [] if offset == pos else None
