@@ -18,6 +18,7 @@ from zen5.chat_types import (ChatError, ChatRequest, Finish, Message, RedactedTh
                              TextBlock, TextDelta, ThinkingBlock, ThinkingDone, ToolCallDone,
                              ToolResultBlock, ToolSpec, ToolUseBlock)
 from zen5.engine import Engine
+from zen5.sampling import SamplingParams
 from zen5.session import ChatSession
 
 pytestmark = pytest.mark.model
@@ -289,3 +290,28 @@ def test_prompt_over_context_is_400(smollm2_path, tmp_path):
     with pytest.raises(ChatError) as e:
         s.chat(ChatRequest((Message.text("user", "word " * 200),)))
     assert e.value.status == 400 and "context" in e.value.message
+
+
+def test_syntax_greedy_decodes_structure_greedily(smol_session):
+    """Where the dialect tracker says "structure", the token is the argmax whatever the
+    request's temperature; payload positions use the request's sampler."""
+    s = smol_session
+    msgs = [Message.text("user", "Weather in Bern?")]
+    hot = dict(sampling=SamplingParams(temperature=5.0, top_k=0, top_p=1.0, min_p=0.0, seed=1), max_tokens=12)
+    greedy = text_of(run(s, msgs, sampling=SamplingParams(temperature=0.0), max_tokens=12)[0])
+
+    class AlwaysStructure:
+        def feed(self, text): return "structure"
+        def next_kind(self): return "structure"
+
+    orig = s.dialect.syntax_tracker
+    s.dialect.syntax_tracker = lambda **kw: AlwaysStructure()
+    try:
+        assert text_of(run(s, msgs, **hot)[0]) == greedy
+    finally:
+        s.dialect.syntax_tracker = orig
+    s.syntax_greedy = False
+    try:
+        assert text_of(run(s, msgs, **hot)[0]) != greedy
+    finally:
+        s.syntax_greedy = True
