@@ -96,6 +96,25 @@ void register_kernels(py::module_& m) {
         kernels_for(isa).rmsnorm(x.data(), w.data(), x.size(), eps, out.mutable_data());
         return out;
     });
+    m.def("kernel_attn_scores", [](const std::string& isa, F32Array q, F32Array k, int hd, float scale) {
+        if (k.ndim() != 2 || k.shape(1) < hd || q.size() < hd) throw ZenError("k must be (n, stride >= hd)");
+        const int n = int(k.shape(0));
+        py::array_t<float> out(n);
+        kernels_for(isa).attn_scores(q.data(), k.data(), k.shape(1), n, hd, scale, out.mutable_data());
+        return out;
+    });
+    m.def("kernel_softmax", [](const std::string& isa, F32Array x) {
+        py::array_t<float> out(x.size());
+        std::memcpy(out.mutable_data(), x.data(), x.size() * 4);
+        if (x.size()) kernels_for(isa).softmax(out.mutable_data(), int(x.size()));
+        return out;
+    });
+    m.def("kernel_attn_values", [](const std::string& isa, F32Array p, F32Array v, int hd) {
+        if (v.ndim() != 2 || v.shape(1) < hd || v.shape(0) != p.size()) throw ZenError("v must be (n, stride >= hd)");
+        py::array_t<float> out(hd);
+        kernels_for(isa).attn_values(p.data(), v.data(), v.shape(1), int(p.size()), hd, out.mutable_data());
+        return out;
+    });
     m.def("kernel_swiglu", [](const std::string& isa, F32Array g, F32Array u) {
         if (g.size() != u.size()) throw ZenError("length mismatch");
         py::array_t<float> out(g.size());

@@ -123,21 +123,10 @@ void Context::attention(int layer, int n) {
     model_->pool.run(n * c.n_head, [&](int task, int thread) {
         const int t = task / c.n_head, h = task % c.n_head, kvh = h / group;
         const int len = n_past_ + t + 1;
-        const float* q = q_.data() + size_t(t) * c.q_dim() + h * hd;
-        float* sc = scores_.data() + size_t(thread) * n_ctx_;
-        float mx = -INFINITY;
-        for (int p = 0; p < len; ++p) {
-            sc[p] = k_.dot(q, K + size_t(p) * kvd + kvh * hd, hd) * scale;
-            mx = std::max(mx, sc[p]);
-        }
-        float sum = 0.0f;
-        for (int p = 0; p < len; ++p) {
-            sc[p] = std::exp(sc[p] - mx);
-            sum += sc[p];
-        }
-        float* out = att_.data() + size_t(t) * c.q_dim() + h * hd;
-        std::memset(out, 0, sizeof(float) * hd);
-        for (int p = 0; p < len; ++p) k_.axpy(sc[p] / sum, V + size_t(p) * kvd + kvh * hd, out, hd);
+        float* sc = scores_.data() + size_t(thread) * n_ctx_;  // (len)
+        k_.attn_scores(q_.data() + size_t(t) * c.q_dim() + h * hd, K + kvh * hd, kvd, len, hd, scale, sc);
+        k_.softmax(sc, len);
+        k_.attn_values(sc, V + kvh * hd, kvd, len, hd, att_.data() + size_t(t) * c.q_dim() + h * hd);
     });
 }
 

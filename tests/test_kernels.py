@@ -116,3 +116,24 @@ def test_swiglu_extremes():
     r, f = _native.kernel_swiglu("ref", g, u), _native.kernel_swiglu("avx512", g, u)
     assert np.all(np.isfinite(f))
     assert np.allclose(r, f, rtol=1e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("n,hd,stride", [(1, 64, 192), (7, 64, 64), (33, 32, 96), (130, 80, 80), (5, 128, 384)])
+def test_attention_kernels(n, hd, stride):
+    rng = np.random.default_rng(n * hd)
+    q = rng.standard_normal(hd).astype(np.float32)
+    k = rng.standard_normal((n, stride)).astype(np.float32)
+    v = rng.standard_normal((n, stride)).astype(np.float32)
+    scale = 1 / np.sqrt(hd)
+    exact = (k[:, :hd].astype(np.float64) @ q) * scale
+    for isa in ("ref", "avx512"):
+        sc = _native.kernel_attn_scores(isa, q, k, hd, scale)
+        assert np.allclose(sc, exact, atol=1e-5, rtol=1e-5), isa
+    ref_sc = _native.kernel_attn_scores("ref", q, k, hd, scale)
+    report(f"attn_scores n={n} hd={hd}", ref_sc, _native.kernel_attn_scores("avx512", q, k, hd, scale))
+    p_ref, p_fast = _native.kernel_softmax("ref", ref_sc * 4), _native.kernel_softmax("avx512", ref_sc * 4)
+    assert report(f"softmax n={n}", p_ref, p_fast).max() <= 1e-6
+    assert abs(p_fast.sum() - 1) < 1e-5
+    o_ref, o_fast = _native.kernel_attn_values("ref", p_ref, v, hd), _native.kernel_attn_values("avx512", p_ref, v, hd)
+    assert report(f"attn_values n={n} hd={hd}", o_ref, o_fast).max() <= 1e-5
+    assert np.allclose(o_ref, p_ref.astype(np.float64) @ v[:, :hd], atol=1e-5)

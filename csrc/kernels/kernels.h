@@ -43,6 +43,13 @@ struct Kernels {
     void (*rmsnorm)(const float* x, const float* w, int64_t n, float eps, float* out);
     // out = silu(g) * u
     void (*swiglu)(const float* g, const float* u, int64_t n, float* out);
+    // Attention over one head, positions 0..n-1 of a (n, stride) cache slice:
+    // out[i] = dot(q, k + i*stride) * scale  for i < n          (k: (n, >= hd))
+    void (*attn_scores)(const float* q, const float* k, int64_t stride, int n, int hd, float scale, float* out);
+    // x[0:n] = softmax(x[0:n]) in place
+    void (*softmax)(float* x, int n);
+    // out[0:hd] = sum_i p[i] * v[i*stride : i*stride + hd]      (overwrites out)
+    void (*attn_values)(const float* p, const float* v, int64_t stride, int n, int hd, float* out);
 };
 
 const Kernels& kernels_ref();

@@ -161,7 +161,7 @@ void dequant_row_avx512(int type, const uint8_t* src, int64_t n, float* dst) {
 }
 
 inline __mmask16 tail_mask(int64_t left) {
-    return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+    return left >= 16 ? __mmask16(0xFFFF) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
 }
 
 float dot_avx512(const float* a, const float* b, int64_t n) {
@@ -237,11 +237,82 @@ void swiglu_avx512(const float* g, const float* u, int64_t n, float* out) {
     }
 }
 
+void attn_scores_avx512(const float* q, const float* k, int64_t stride, int n, int hd, float scale,
+                        float* out) {
+    // Four rows per step: independent accumulators hide the FMA latency; hd <= 256 keeps the
+    // query in registers across rows.
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const float* k0 = k + i * stride;
+        for (int d = 0; d < hd; d += 16) {
+            const __mmask16 m = tail_mask(hd - d);
+            const __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
+            a0 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + d), a0);
+            a1 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + stride + d), a1);
+            a2 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + 2 * stride + d), a2);
+            a3 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + 3 * stride + d), a3);
+        }
+        out[i] = _mm512_reduce_add_ps(a0) * scale;
+        out[i + 1] = _mm512_reduce_add_ps(a1) * scale;
+        out[i + 2] = _mm512_reduce_add_ps(a2) * scale;
+        out[i + 3] = _mm512_reduce_add_ps(a3) * scale;
+    }
+    for (; i < n; ++i) {
+        __m512 a = _mm512_setzero_ps();
+        for (int d = 0; d < hd; d += 16) {
+            const __mmask16 m = tail_mask(hd - d);
+            a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), _mm512_maskz_loadu_ps(m, k + i * stride + d), a);
+        }
+        out[i] = _mm512_reduce_add_ps(a) * scale;
+    }
+}
+
+void softmax_avx512(float* x, int n) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int i = 0; i < n; i += 16)
+        mx = _mm512_mask_max_ps(mx, tail_mask(n - i), mx, _mm512_maskz_loadu_ps(tail_mask(n - i), x + i));
+    const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vmax));
+        sum = _mm512_mask_add_ps(sum, m, sum, e);
+        _mm512_mask_storeu_ps(x + i, m, e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
+    }
+}
+
+void attn_values_avx512(const float* p, const float* v, int64_t stride, int n, int hd, float* out) {
+    for (int d0 = 0; d0 < hd; d0 += 64) {  // up to 64 output lanes stay in registers
+        const int w = hd - d0 < 64 ? hd - d0 : 64;
+        const __mmask16 m0 = tail_mask(w), m1 = tail_mask(w - 16), m2 = tail_mask(w - 32), m3 = tail_mask(w - 48);
+        __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
+        for (int i = 0; i < n; ++i) {
+            const __m512 pi = _mm512_set1_ps(p[i]);
+            const float* vi = v + i * stride + d0;
+            o0 = _mm512_fmadd_ps(pi, _mm512_maskz_loadu_ps(m0, vi), o0);
+            if (w > 16) o1 = _mm512_fmadd_ps(pi, _mm512_maskz_loadu_ps(m1, vi + 16), o1);
+            if (w > 32) o2 = _mm512_fmadd_ps(pi, _mm512_maskz_loadu_ps(m2, vi + 32), o2);
+            if (w > 48) o3 = _mm512_fmadd_ps(pi, _mm512_maskz_loadu_ps(m3, vi + 48), o3);
+        }
+        _mm512_mask_storeu_ps(out + d0, m0, o0);
+        if (w > 16) _mm512_mask_storeu_ps(out + d0 + 16, m1, o1);
+        if (w > 32) _mm512_mask_storeu_ps(out + d0 + 32, m2, o2);
+        if (w > 48) _mm512_mask_storeu_ps(out + d0 + 48, m3, o3);
+    }
+}
+
 }  // namespace
 
 const Kernels* kernels_avx512() {
     static const Kernels k{"avx512", matmul_avx512, dequant_row_avx512, dot_avx512, axpy_avx512,
-                           add_avx512, rmsnorm_avx512, swiglu_avx512};
+                           add_avx512, rmsnorm_avx512, swiglu_avx512, attn_scores_avx512,
+                           softmax_avx512, attn_values_avx512};
     return &k;
 }
 

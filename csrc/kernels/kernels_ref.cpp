@@ -140,9 +140,30 @@ static void swiglu_ref(const float* g, const float* u, int64_t n, float* out) {
     for (int64_t i = 0; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
+static void attn_scores_ref(const float* q, const float* k, int64_t stride, int n, int hd,
+                            float scale, float* out) {
+    for (int i = 0; i < n; ++i) out[i] = dot_ref(q, k + i * stride, hd) * scale;
+}
+
+static void softmax_ref(float* x, int n) {
+    float mx = x[0];
+    for (int i = 1; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
+    float sum = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        x[i] = std::exp(x[i] - mx);
+        sum += x[i];
+    }
+    for (int i = 0; i < n; ++i) x[i] /= sum;
+}
+
+static void attn_values_ref(const float* p, const float* v, int64_t stride, int n, int hd, float* out) {
+    for (int d = 0; d < hd; ++d) out[d] = 0.0f;
+    for (int i = 0; i < n; ++i) axpy_ref(p[i], v + i * stride, out, hd);
+}
+
 const Kernels& kernels_ref() {
     static const Kernels k{"ref", matmul_ref, dequant_row_ref, dot_ref, axpy_ref, add_ref,
-                           rmsnorm_ref, swiglu_ref};
+                           rmsnorm_ref, swiglu_ref, attn_scores_ref, softmax_ref, attn_values_ref};
     return k;
 }
 
