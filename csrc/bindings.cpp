@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -112,6 +113,7 @@ void register_kernels(py::module_& m) {
     m.def("kernel_attn_values", [](const std::string& isa, F32Array p, F32Array v, int hd) {
         if (v.ndim() != 2 || v.shape(1) < hd || v.shape(0) != p.size()) throw ZenError("v must be (n, stride >= hd)");
         py::array_t<float> out(hd);
+        std::fill(out.mutable_data(), out.mutable_data() + hd, 0.0f);
         kernels_for(isa).attn_values(p.data(), v.data(), v.shape(1), int(p.size()), hd, out.mutable_data());
         return out;
     });

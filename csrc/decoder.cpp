@@ -45,7 +45,7 @@ Context::Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* k
     vx_.resize(size_t(kChunk) * c.kv_dim());
     gate_.resize(size_t(kChunk) * c.n_ff);
     up_.resize(size_t(kChunk) * c.n_ff);
-    scores_.resize(size_t(model_->pool.size()) * n_ctx);
+    scores_.resize(size_t(model_->pool.size()) * kQB * n_ctx);
     logits_.assign(c.vocab_size, 0.0f);
 }
 
@@ -114,19 +114,39 @@ void Context::apply_rope(float* v, int n_heads, int pos) const {
 
 void Context::attention(int layer, int n) {
     // Causal attention for the n new tokens at positions n_past_ .. n_past_+n-1 (whose k/v are
-    // already in the cache), one task per (token, head); GQA maps head h to kv head h / group.
+    // already in the cache). At long context this is bound by reading K and V, not by math: a
+    // (token, head) pair alone would stream the whole K/V slice of its kv head from memory.
+    // So a task takes one kv head and up to kQB query vectors of it (the GQA group's heads x
+    // the chunk's tokens) and walks K and V in blocks of kPB positions, each block staying in
+    // L1 while every query of the task uses it. Per query the sums run in position order, so
+    // the result does not depend on the blocking (batch = token by token, bit for bit).
     const Config& c = model_->cfg;
     const int hd = c.head_dim, kvd = c.kv_dim(), group = c.n_head / c.n_head_kv;
     const float scale = 1.0f / std::sqrt(float(hd));
     const float* K = kcache_.data() + size_t(layer) * n_ctx_ * kvd;  // (n_ctx, kv_dim)
     const float* V = vcache_.data() + size_t(layer) * n_ctx_ * kvd;
-    model_->pool.run(n * c.n_head, [&](int task, int thread) {
-        const int t = task / c.n_head, h = task % c.n_head, kvh = h / group;
-        const int len = n_past_ + t + 1;
-        float* sc = scores_.data() + size_t(thread) * n_ctx_;  // (len)
-        k_.attn_scores(q_.data() + size_t(t) * c.q_dim() + h * hd, K + kvh * hd, kvd, len, hd, scale, sc);
-        k_.softmax(sc, len);
-        k_.attn_values(sc, V + kvh * hd, kvd, len, hd, att_.data() + size_t(t) * c.q_dim() + h * hd);
+    const int per_kv = n * group, blocks = (per_kv + kQB - 1) / kQB;
+    model_->pool.run(c.n_head_kv * blocks, [&](int task, int thread) {
+        const int kvh = task / blocks, i0 = (task % blocks) * kQB, i1 = std::min(per_kv, i0 + kQB);
+        float* S = scores_.data() + size_t(thread) * kQB * n_ctx_;  // (kQB, n_ctx)
+        auto len_of = [&](int i) { return n_past_ + i / group + 1; };
+        auto q_of = [&](int i) { return q_.data() + size_t(i / group) * c.q_dim() + (kvh * group + i % group) * hd; };
+        auto out_of = [&](int i) { return att_.data() + size_t(i / group) * c.q_dim() + (kvh * group + i % group) * hd; };
+        const int max_len = len_of(i1 - 1);
+        for (int p0 = 0; p0 < max_len; p0 += kPB)
+            for (int i = i0; i < i1; ++i) {
+                const int cnt = std::min(kPB, len_of(i) - p0);
+                if (cnt > 0) k_.attn_scores(q_of(i), K + size_t(p0) * kvd + kvh * hd, kvd, cnt, hd, scale, S + size_t(i - i0) * n_ctx_ + p0);
+            }
+        for (int i = i0; i < i1; ++i) {
+            k_.softmax(S + size_t(i - i0) * n_ctx_, len_of(i));
+            std::memset(out_of(i), 0, sizeof(float) * hd);
+        }
+        for (int p0 = 0; p0 < max_len; p0 += kPB)
+            for (int i = i0; i < i1; ++i) {
+                const int cnt = std::min(kPB, len_of(i) - p0);
+                if (cnt > 0) k_.attn_values(S + size_t(i - i0) * n_ctx_ + p0, V + size_t(p0) * kvd + kvh * hd, kvd, cnt, hd, out_of(i));
+            }
     });
 }
 

@@ -33,6 +33,8 @@ class Context {
     const Model& model() const { return *model_; }
 
     static constexpr int kChunk = 64;  // tokens per prefill step (bounds the scratch buffers)
+    static constexpr int kQB = 32;     // query vectors per attention task
+    static constexpr int kPB = 64;     // cache positions per attention block (K/V block in L1)
 
   private:
     void forward_chunk(const int32_t* tokens, int n, float* all_logits);
@@ -50,7 +52,7 @@ class Context {
     std::vector<float> kcache_, vcache_;  // (n_layer, n_ctx, kv_dim)
     // scratch, (kChunk, width)
     std::vector<float> x_, xb_, q_, kx_, vx_, att_, gate_, up_;
-    std::vector<float> scores_;  // (threads, n_ctx)
+    std::vector<float> scores_;  // (threads, kQB, n_ctx)
     std::vector<float> logits_;  // (vocab)
 };
 

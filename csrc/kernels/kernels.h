@@ -48,7 +48,7 @@ struct Kernels {
     void (*attn_scores)(const float* q, const float* k, int64_t stride, int n, int hd, float scale, float* out);
     // x[0:n] = softmax(x[0:n]) in place
     void (*softmax)(float* x, int n);
-    // out[0:hd] = sum_i p[i] * v[i*stride : i*stride + hd]      (overwrites out)
+    // out[0:hd] += sum_i p[i] * v[i*stride : i*stride + hd]     (accumulates, in position order)
     void (*attn_values)(const float* p, const float* v, int64_t stride, int n, int hd, float* out);
 };
 

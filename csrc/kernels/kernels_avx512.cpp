@@ -291,7 +291,8 @@ void attn_values_avx512(const float* p, const float* v, int64_t stride, int n, i
     for (int d0 = 0; d0 < hd; d0 += 64) {  // up to 64 output lanes stay in registers
         const int w = hd - d0 < 64 ? hd - d0 : 64;
         const __mmask16 m0 = tail_mask(w), m1 = tail_mask(w - 16), m2 = tail_mask(w - 32), m3 = tail_mask(w - 48);
-        __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
+        __m512 o0 = _mm512_maskz_loadu_ps(m0, out + d0), o1 = _mm512_maskz_loadu_ps(m1, out + d0 + 16);
+        __m512 o2 = _mm512_maskz_loadu_ps(m2, out + d0 + 32), o3 = _mm512_maskz_loadu_ps(m3, out + d0 + 48);
         for (int i = 0; i < n; ++i) {
             const __m512 pi = _mm512_set1_ps(p[i]);
             const float* vi = v + i * stride + d0;

@@ -157,7 +157,6 @@ static void softmax_ref(float* x, int n) {
 }
 
 static void attn_values_ref(const float* p, const float* v, int64_t stride, int n, int hd, float* out) {
-    for (int d = 0; d < hd; ++d) out[d] = 0.0f;
     for (int i = 0; i < n; ++i) axpy_ref(p[i], v + i * stride, out, hd);
 }
 
