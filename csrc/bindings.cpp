@@ -66,6 +66,23 @@ void register_kernels(py::module_& m) {
         k.matmul(wv, 0, rows, x.data(), n, cols, y.mutable_data(), rows);
         return y;
     });
+    m.def("kernel_matmul_int8", [](const std::string& isa, int type, U8Array w, int64_t rows, int64_t cols, F32Array x) {
+        const Kernels& k = kernels_for(isa);
+        const size_t rb = row_bytes(type, cols);
+        if (rb == 0 || size_t(w.size()) != rb * size_t(rows)) throw ZenError("weight bytes do not match type/shape");
+        if (x.ndim() != 2 || x.shape(1) != cols) throw ZenError("x must be (n, cols)");
+        PackedWeights pw;
+        AlignedBytes storage;
+        if (!pack_weights(WeightView{w.data(), type, rows, cols, rb}, pw, storage)) throw ZenError("type is not packable");
+        const int n = int(x.shape(0));
+        std::vector<int8_t> q(size_t(n) * cols);
+        std::vector<float> d(size_t(n) * cols / QK);
+        std::vector<int32_t> s(size_t(n) * cols / QK);
+        k.quantize_act(x.data(), n, cols, q.data(), d.data(), s.data());
+        py::array_t<float> y({py::ssize_t(n), py::ssize_t(rows)});
+        k.matmul_int8(pw, 0, rows, QuantAct{q.data(), d.data(), s.data(), cols}, n, y.mutable_data(), rows);
+        return y;
+    });
     m.def("kernel_dequant_row", [](const std::string& isa, int type, U8Array src, int64_t n) {
         const size_t rb = row_bytes(type, n);
         if (rb == 0 || size_t(src.size()) < rb) throw ZenError("source bytes do not match type/length");
@@ -169,10 +186,13 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("threads", [](const PyModel& p) { return p.model->pool.size(); });
 
     py::class_<Context>(m, "Context")
-        .def(py::init([](const PyModel& pm, int n_ctx, const std::string& isa) {
-                 return std::make_unique<Context>(pm.model, n_ctx, isa.empty() ? nullptr : &kernels_for(isa));
+        .def(py::init([](const PyModel& pm, int n_ctx, const std::string& isa, const std::string& matmul) {
+                 if (matmul != "int8" && matmul != "f32") throw ZenError("matmul must be int8 or f32, got " + matmul);
+                 return std::make_unique<Context>(pm.model, n_ctx, isa.empty() ? nullptr : &kernels_for(isa),
+                                                  matmul == "int8");
              }),
-             py::arg("model"), py::arg("n_ctx"), py::arg("isa") = "", py::keep_alive<1, 2>())
+             py::arg("model"), py::arg("n_ctx"), py::arg("isa") = "", py::arg("matmul") = "int8",
+             py::keep_alive<1, 2>())
         .def_property_readonly("isa", &Context::isa)
         .def("eval", [](Context& c, const std::vector<int32_t>& tokens, bool all_logits) -> py::object {
                  const int n = int(tokens.size());

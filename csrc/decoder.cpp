@@ -30,8 +30,8 @@ struct SnapshotHeader {
 };
 }  // namespace
 
-Context::Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* kernels)
-    : model_(std::move(model)), k_(kernels ? *kernels : active_kernels()), n_ctx_(n_ctx) {
+Context::Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* kernels, bool int8_matmul)
+    : model_(std::move(model)), k_(kernels ? *kernels : active_kernels()), n_ctx_(n_ctx), int8_(int8_matmul) {
     const Config& c = model_->cfg;
     if (n_ctx <= 0) throw ZenError("n_ctx must be positive");
     const size_t kv = size_t(c.n_layer) * n_ctx * c.kv_dim();
@@ -47,6 +47,12 @@ Context::Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* k
     up_.resize(size_t(kChunk) * c.n_ff);
     scores_.resize(size_t(model_->pool.size()) * kQB * n_ctx);
     logits_.assign(c.vocab_size, 0.0f);
+    const size_t max_cols = std::max({c.n_embd, c.q_dim(), c.n_ff});
+    for (int i = 0; i < 3; ++i) {
+        act_q_[i].resize(size_t(kChunk) * max_cols);
+        act_d_[i].resize(size_t(kChunk) * max_cols / QK + 1);
+        act_s_[i].resize(size_t(kChunk) * max_cols / QK + 1);
+    }
 }
 
 void Context::eval(const int32_t* tokens, int n, float* all_logits) {
@@ -75,22 +81,46 @@ void Context::rewind(int n) {
 }
 
 void Context::matmuls(std::initializer_list<MatJob> jobs, int n) {
+    // Quantized matrices multiply int8 activations: quantize each distinct input once.
+    QuantAct acts[3];
+    const float* quantized[3] = {nullptr, nullptr, nullptr};
+    int n_acts = 0;
+    std::vector<int> act_of(jobs.size(), -1);
+    int ji = 0;
+    for (const MatJob& j : jobs) {
+        if (j.w->packed && int8_) {
+            int a = 0;
+            while (a < n_acts && quantized[a] != j.x) ++a;
+            if (a == n_acts) {
+                const int64_t cols = j.w->cols;
+                k_.quantize_act(j.x, n, cols, act_q_[a].data(), act_d_[a].data(), act_s_[a].data());
+                acts[a] = QuantAct{act_q_[a].data(), act_d_[a].data(), act_s_[a].data(), cols};
+                quantized[a] = j.x, ++n_acts;
+            }
+            act_of[ji] = a;
+        }
+        ++ji;
+    }
     // Each matrix is cut into contiguous row slices (16-row granules), several per thread so a
     // slow thread is not the tail; tasks enumerate (job, slice) pairs.
     const int nt = model_->pool.size();
     int64_t total_rows = 0;
     for (const MatJob& j : jobs) total_rows += j.w->rows;
     const int64_t per = std::max<int64_t>(16, (total_rows / (nt * 4) + 15) / 16 * 16);
-    struct Slice { const MatJob* job; int64_t r0, r1; };
+    struct Slice { const MatJob* job; int act; int64_t r0, r1; };
     Slice slices[256];
     int n_slices = 0;
-    for (const MatJob& j : jobs)
+    ji = 0;
+    for (const MatJob& j : jobs) {
         for (int64_t r0 = 0; r0 < j.w->rows && n_slices < 256; r0 += per)
-            slices[n_slices++] = Slice{&j, r0, std::min(j.w->rows, r0 + per)};
+            slices[n_slices++] = Slice{&j, act_of[ji], r0, std::min(j.w->rows, r0 + per)};
+        ++ji;
+    }
     model_->pool.run(n_slices, [&](int t, int) {
         const Slice& s = slices[t];
         const WeightView& w = *s.job->w;
-        k_.matmul(w, s.r0, s.r1, s.job->x, n, w.cols, s.job->y, w.rows);
+        if (s.act >= 0) k_.matmul_int8(*w.packed, s.r0, s.r1, acts[s.act], n, s.job->y, w.rows);
+        else k_.matmul(w, s.r0, s.r1, s.job->x, n, w.cols, s.job->y, w.rows);
     });
 }
 

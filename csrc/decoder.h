@@ -14,7 +14,10 @@ namespace zen5 {
 class Context {
   public:
     // `kernels`: the table to compute with (tests force ref or avx512); default: the active one.
-    Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* kernels = nullptr);
+    // `int8_matmul`: quantized weights multiply int8-quantized activations (fast, ~0.5%
+    // relative error per matmul, like llama.cpp); false: dequantize to fp32 (exact reference).
+    Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* kernels = nullptr,
+            bool int8_matmul = true);
     const char* isa() const { return k_.name; }
 
     // Appends tokens at n_past and computes the logits of the last one. When all_logits is
@@ -49,10 +52,15 @@ class Context {
     const Kernels& k_;
     int n_ctx_, n_past_ = 0;
     bool logits_valid_ = false;
+    bool int8_;
     std::vector<float> kcache_, vcache_;  // (n_layer, n_ctx, kv_dim)
     // scratch, (kChunk, width)
     std::vector<float> x_, xb_, q_, kx_, vx_, att_, gate_, up_;
     std::vector<float> scores_;  // (threads, kQB, n_ctx)
+    // activations quantized for the int8 matmuls: up to 3 distinct inputs per dispatch
+    std::vector<int8_t> act_q_[3];   // (kChunk, max cols)
+    std::vector<float> act_d_[3];    // (kChunk, max cols / 32)
+    std::vector<int32_t> act_s_[3];
     std::vector<float> logits_;  // (vocab)
 };
 

@@ -62,6 +62,47 @@ const float* Model::vector_f32(const std::map<std::string, const TensorIn*>& by_
     return reinterpret_cast<const float*>(t.data);
 }
 
+bool pack_weights(const WeightView& w, PackedWeights& p, AlignedBytes& storage) {
+    const size_t payload = packed_payload_bytes(w.type);
+    if (payload == 0) return false;
+    p.type = w.type, p.rows = w.rows, p.cols = w.cols;
+    p.groups = (w.rows + 15) / 16, p.blocks = w.cols / QK, p.block_bytes = 64 + payload;
+    const size_t total = size_t(p.groups) * p.blocks * p.block_bytes;
+    uint8_t* dst = static_cast<uint8_t*>(std::aligned_alloc(64, total));
+    if (!dst) throw BadModel("out of memory repacking weights");
+    storage.reset(dst);
+    std::memset(dst, 0, total);  // padding rows of the last group: scale 0
+    const size_t bb = row_bytes(w.type, QK);
+    for (int64_t r = 0; r < w.rows; ++r) {
+        const int64_t g = r / 16, lane = r % 16;
+        for (int64_t b = 0; b < p.blocks; ++b) {
+            const uint8_t* src = w.row(r) + b * bb;
+            uint8_t* blk = dst + (size_t(g) * p.blocks + b) * p.block_bytes;
+            std::memcpy(blk + 2 * lane, src, 2);                                   // d
+            if (w.type == GGML_Q4_1) std::memcpy(blk + 32 + 2 * lane, src + 2, 2);  // m
+            uint8_t* pay = blk + 64 + 4 * lane;
+            if (w.type == GGML_Q8_0) {
+                for (int j = 0; j < 8; ++j)
+                    for (int k = 0; k < 4; ++k) pay[64 * j + k] = uint8_t(int(int8_t(src[2 + 4 * j + k])) + 128);
+            } else {
+                const uint8_t* qs = src + (w.type == GGML_Q4_1 ? 4 : 2);
+                for (int j = 0; j < 4; ++j) std::memcpy(pay + 64 * j, qs + 4 * j, 4);
+            }
+        }
+    }
+    p.data = dst;
+    return true;
+}
+
+void Model::pack(WeightView& w) {
+    auto p = std::make_unique<PackedWeights>();
+    AlignedBytes bytes;
+    if (!pack_weights(w, *p, bytes)) return;
+    w.packed = p.get();
+    packed_.push_back(std::move(p));
+    packed_bytes_.push_back(std::move(bytes));
+}
+
 static void check_config(const Config& c) {
     if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3")
         throw BadModel("unsupported architecture '" + c.arch + "'");
@@ -104,6 +145,10 @@ Model::Model(Config c, const std::vector<TensorIn>& tensors, std::vector<float> 
         }
         layers.push_back(L);
     }
+
+    for (Layer& L : layers)
+        for (WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) pack(*w);
+    pack(output);  // when tied, only the head's copy is packed; the embedding lookup reads the file
 
     // Fingerprint: the configuration, then every tensor the model uses, in name order.
     uint64_t h = hash_bytes(cfg.arch.data(), cfg.arch.size(), 0x7A656E35);

@@ -3,6 +3,7 @@
 // The Python loader owns the mapped memory; the binding keeps it alive as long as the Model.
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -20,6 +21,12 @@ struct ContextOverflow : ZenError { using ZenError::ZenError; };
 struct BadSnapshot : ZenError { using ZenError::ZenError; };
 struct ModelMismatch : ZenError { using ZenError::ZenError; };
 struct BadModel : ZenError { using ZenError::ZenError; };
+
+// Repack a Q4_0/Q4_1/Q8_0 matrix into the PackedWeights layout (kernels.h); the bytes live in
+// `storage` (64-byte aligned). Returns false for types that are not packed.
+struct AlignedFree { void operator()(uint8_t* p) const { std::free(p); } };
+using AlignedBytes = std::unique_ptr<uint8_t, AlignedFree>;
+bool pack_weights(const WeightView& w, PackedWeights& out, AlignedBytes& storage);
 
 struct Config {
     std::string arch;  // llama | qwen2 | qwen3
@@ -63,6 +70,11 @@ class Model {
     mutable ThreadPool pool;
 
   private:
+    // int8-friendly copies of the quantized matrices (see PackedWeights), owned here
+    std::vector<AlignedBytes> packed_bytes_;
+    std::vector<std::unique_ptr<PackedWeights>> packed_;
+    void pack(WeightView& w);
+
     WeightView matrix(const std::map<std::string, const TensorIn*>& by_name, const std::string& name,
                       int64_t rows, int64_t cols) const;
     const float* vector_f32(const std::map<std::string, const TensorIn*>& by_name,
@@ -70,5 +82,6 @@ class Model {
 };
 
 uint64_t hash_bytes(const void* data, size_t n, uint64_t seed);
+
 
 }  // namespace zen5

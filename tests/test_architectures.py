@@ -22,15 +22,18 @@ TYPES = {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16, "Q8_0": Q.Q8_0, "Q4_0": Q.Q
 TOKENS = [5, 70, 71, 72, 3, 200, 17, 9, 120, 121, 33, 44, 1, 250, 8, 19, 60, 61]
 
 
-def check(path: str, isa: str) -> float:
+def check(path: str, isa: str, matmul: str = "f32") -> float:
+    """Within 1e-4 of the largest logit on the exact (f32) matmul path. The int8 path is pinned
+    per type by tests/test_kernels.py (exact integer emulation) and on real weights by
+    test_reference_agreement.py: random unit-scale networks amplify its rounding chaotically."""
     cfg, tensors = load_for_reference(path)
     with torch.no_grad():
         ref = TorchRef(cfg, tensors).forward(TOKENS).numpy()
-    eng = Engine.load(path, ctx=64, isa=isa, threads=2)
+    eng = Engine.load(path, ctx=64, isa=isa, threads=2, matmul=matmul)
     ours = eng.ctx.eval(TOKENS, all_logits=True)
     rel = float(np.abs(ours - ref).max() / np.abs(ref).max())
-    assert rel < 1e-4, f"{path} {isa}: relative difference {rel:.3g}"
-    assert (ours.argmax(1) == ref.argmax(1)).mean() >= 0.95
+    assert rel < (1e-4 if matmul == "f32" else 5e-2), f"{path} {isa} {matmul}: relative difference {rel:.3g}"
+    assert (ours.argmax(1) == ref.argmax(1)).mean() >= (0.95 if matmul == "f32" else 0.8)
     return rel
 
 

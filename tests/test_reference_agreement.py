@@ -2,10 +2,16 @@
 the same dequantized weights. Logits must agree within a documented tolerance at every position
 of several prompts, on both kernel paths, and greedy continuations must be token-identical.
 
-Tolerance: the engine and the reference sum in different orders (fp32 both), which moves logits
-by ~1e-4 on SmolLM2 (logit range ~40). We allow 2e-3 absolute: two orders of magnitude of margin
-over what we measure, and still far below what any real bug (a wrong RoPE pair, a missed bias,
-an off-by-one in the cache) produces (> 1).
+Two matmul paths are pinned:
+- `matmul="f32"` (quantized weights dequantized to fp32): the engine and the reference sum in
+  different orders, which moves logits by ~1e-4 on SmolLM2 (logit range ~40). We allow 2e-3
+  absolute: two orders of magnitude of margin, and still far below what any real bug (a wrong
+  RoPE pair, a missed bias, an off-by-one in the cache) produces (> 1). Greedy continuations are
+  token-identical.
+- `matmul="int8"` (the default: activations quantized to int8 per 32-value block, as llama.cpp
+  does): each matmul carries ~0.5% relative error, so logits move by up to ~1.5 and near-ties
+  (top-2 within a few tenths) can flip. Documented tolerance: max |logit diff| < 3, and the top
+  token agrees with the reference at every position where the reference's top-2 margin is > 1.
 """
 from __future__ import annotations
 
@@ -36,7 +42,7 @@ def smol_ref(smollm2_path):
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_smollm2_logits_match_reference(smollm2_path, smol_ref, isa):
-    eng = Engine.load(smollm2_path, ctx=512, isa=isa)
+    eng = Engine.load(smollm2_path, ctx=512, isa=isa, matmul="f32")
     worst = 0.0
     for prompt in PROMPTS:
         toks = eng.tokenizer.encode(prompt)
@@ -52,7 +58,7 @@ def test_smollm2_logits_match_reference(smollm2_path, smol_ref, isa):
 
 
 def test_smollm2_greedy_64_tokens_identical(smollm2_path, smol_ref):
-    eng = Engine.load(smollm2_path, ctx=512)
+    eng = Engine.load(smollm2_path, ctx=512, matmul="f32")
     prompt = eng.tokenizer.encode(PROMPTS[0].replace("capital of France", "best way to learn Python"))
     ours = eng.generate(prompt, max_tokens=64, temperature=0, stop=None)
     with torch.no_grad():
@@ -64,10 +70,29 @@ def test_smollm2_greedy_64_tokens_identical(smollm2_path, smol_ref):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+def test_smollm2_int8_path_within_documented_tolerance(smollm2_path, smol_ref, isa):
+    eng = Engine.load(smollm2_path, ctx=512, isa=isa, matmul="int8")
+    worst, checked = 0.0, 0
+    for prompt in PROMPTS:
+        toks = eng.tokenizer.encode(prompt)
+        eng.reset()
+        ours = eng.ctx.eval(toks, all_logits=True)
+        with torch.no_grad():
+            ref = smol_ref.forward(toks).numpy()
+        worst = max(worst, float(np.abs(ours - ref).max()))
+        top2 = np.sort(ref, axis=1)[:, -2:]
+        clear = (top2[:, 1] - top2[:, 0]) > 1.0
+        assert (ours.argmax(1) == ref.argmax(1))[clear].all()
+        checked += int(clear.sum())
+    print(f"SmolLM2 int8 {isa}: worst logit difference {worst:.3g}; top-1 agrees at all {checked} clear positions")
+    assert worst < 3.0
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_tiny_deepseek_matches_reference(tiny_deepseek_dir, isa):
     cfg, tensors = load_for_reference(tiny_deepseek_dir)
     ref = TorchRef(cfg, tensors)
-    eng = Engine.load(str(tiny_deepseek_dir), ctx=256, isa=isa)
+    eng = Engine.load(str(tiny_deepseek_dir), ctx=256, isa=isa, matmul="f32")
     assert eng.config.vocab_size == 129280
     toks = eng.tokenizer.encode("<｜begin▁of▁sentence｜><｜User｜>Call the weather tool for Paris.<｜Assistant｜><think>")
     ours = eng.ctx.eval(toks, all_logits=True)

@@ -29,7 +29,8 @@ bool cpu_supports_avx512() {
     if ((lo & 0xE6u) != 0xE6u) return false;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
     const bool f = b & (1u << 16), dq = b & (1u << 17), bw = b & (1u << 30), vl = b & (1u << 31);
-    return f && dq && bw && vl && kernels_avx512() != nullptr;
+    const bool vnni = c & (1u << 11);  // int8 dot products (Zen 4/5, Ice Lake and later)
+    return f && dq && bw && vl && vnni && kernels_avx512() != nullptr;
 #else
     return false;
 #endif

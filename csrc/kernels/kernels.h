@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace zen5 {
 
@@ -18,13 +19,43 @@ constexpr int QK = 32;  // elements per quantized block (Q4_0, Q4_1, Q8_0)
 size_t row_bytes(int type, int64_t cols);
 const char* type_name(int type);
 
+struct PackedWeights;
+
 // A weight matrix used in place: (rows, cols) in GGML block layout, rows contiguous.
+// Quantized matrices also carry an int8-friendly repacked copy (below) that the matmuls use.
 struct WeightView {
     const uint8_t* data = nullptr;
     int type = GGML_F32;
     int64_t rows = 0, cols = 0;
     size_t row_bytes = 0;
+    const PackedWeights* packed = nullptr;
     const uint8_t* row(int64_t r) const { return data + r * row_bytes; }
+};
+
+// Q4_0 / Q4_1 / Q8_0 weights repacked at load for int8 dot products (vpdpbusd): rows in
+// groups of 16 (one zmm lane per row), and for each (group, 32-column block):
+//   fp16 d[16]   the rows' block scales                                  32 bytes
+//   fp16 m[16]   the rows' block minimums (Q4_1; zero otherwise)         32 bytes
+//   payload      chunks of 64 bytes = 16 rows x 4 bytes, unsigned:
+//                Q4_*: 4 chunks; chunk j holds packed bytes qs[4j..4j+3], whose low nibbles
+//                      are elements 4j..4j+3 and high nibbles elements 16+4j..16+4j+3
+//                Q8_0: 8 chunks; chunk j holds elements 4j..4j+3 plus 128 (made unsigned)
+// The weight of an element is (u - 8) d for Q4_0, u d + m for Q4_1, (u - 128) d for Q8_0.
+struct PackedWeights {
+    int type = GGML_Q8_0;
+    int64_t rows = 0, cols = 0, groups = 0, blocks = 0;
+    size_t block_bytes = 0;             // 64 + payload
+    const uint8_t* data = nullptr;      // (groups, blocks, block_bytes), 64-byte aligned
+    const uint8_t* at(int64_t g, int64_t b) const { return data + (size_t(g) * blocks + b) * block_bytes; }
+};
+size_t packed_payload_bytes(int type);  // 256 for Q4_*, 512 for Q8_0, 0 if not packable
+
+// Activations quantized to int8 per 32-value block: q (n, cols), scale d and sum of q (n, cols/32).
+struct QuantAct {
+    const int8_t* q;
+    const float* d;
+    const int32_t* s;
+    int64_t cols;
 };
 
 struct Kernels {
@@ -46,6 +77,12 @@ struct Kernels {
     // Attention over one head, positions 0..n-1 of a (n, stride) cache slice:
     // out[i] = dot(q, k + i*stride) * scale  for i < n          (k: (n, >= hd))
     void (*attn_scores)(const float* q, const float* k, int64_t stride, int n, int hd, float scale, float* out);
+    // Quantize n rows of x (n, cols) per 32-block: d = max|x|/127, q = round(x/d), s = sum(q).
+    void (*quantize_act)(const float* x, int n, int64_t cols, int8_t* q, float* d, int32_t* s);
+    // y[t*ldy + r] = sum over blocks of the int8 dot of packed row r and token t, scaled, for
+    // r in [r0, r1) (r0 a multiple of 16) and t in [0, n).
+    void (*matmul_int8)(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n,
+                        float* y, int64_t ldy);
     // x[0:n] = softmax(x[0:n]) in place
     void (*softmax)(float* x, int n);
     // out[0:hd] += sum_i p[i] * v[i*stride : i*stride + hd]     (accumulates, in position order)
@@ -56,7 +93,7 @@ const Kernels& kernels_ref();
 // nullptr when the build has no AVX-512 translation unit (non-x86 targets).
 const Kernels* kernels_avx512();
 
-bool cpu_supports_avx512();      // AVX-512 F/BW/VL/DQ + F16C/FMA, and the OS saves ZMM state
+bool cpu_supports_avx512();      // AVX-512 F/BW/VL/DQ/VNNI + F16C/FMA, and the OS saves ZMM state
 // Chooses the table once (ZEN5_FORCE_ISA respected); throws std::runtime_error on a bad request.
 const Kernels& select_kernels();
 const Kernels& active_kernels();  // the table chosen by select_kernels()

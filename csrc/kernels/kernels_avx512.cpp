@@ -308,12 +308,106 @@ void attn_values_avx512(const float* p, const float* v, int64_t stride, int n, i
     }
 }
 
+void quantize_act_avx512(const float* x, int n, int64_t cols, int8_t* q, float* d, int32_t* s) {
+    const int64_t nb = cols / QK;
+    const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+    const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
+    for (int t = 0; t < n; ++t)
+        for (int64_t b = 0; b < nb; ++b) {
+            const float* xb = x + t * cols + b * QK;
+            const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, sign), _mm512_and_ps(v1, sign)));
+            const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+            const __m512 vid = _mm512_set1_ps(id);
+            // round to nearest even (the default MXCSR mode), as nearbyint in the reference
+            __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+            q0 = _mm512_max_epi32(_mm512_min_epi32(q0, hi), lo);
+            q1 = _mm512_max_epi32(_mm512_min_epi32(q1, hi), lo);
+            _mm_storeu_si128((__m128i*)(q + t * cols + b * QK), _mm512_cvtepi32_epi8(q0));
+            _mm_storeu_si128((__m128i*)(q + t * cols + b * QK + 16), _mm512_cvtepi32_epi8(q1));
+            d[t * nb + b] = db;
+            s[t * nb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        }
+}
+
+inline int32_t load_i32(const int8_t* p) { int32_t v; std::memcpy(&v, p, 4); return v; }
+
+// One group of 16 rows against NT tokens: lane r of each accumulator is row g*16+r. Per block
+// the 16 rows' unsigned weights sit in 4 (Q4) or 8 (Q8) registers, each vpdpbusd multiplies
+// 4 consecutive weights of every row by the same 4 broadcast activation bytes.
+template <int TYPE, int NT>
+void group_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, float* y, int64_t ldy,
+                __mmask16 rows) {
+    __m512 f[NT];
+    for (int t = 0; t < NT; ++t) f[t] = _mm512_setzero_ps();
+    const __m512i m0f = _mm512_set1_epi8(15);
+    for (int64_t b = 0; b < w.blocks; ++b) {
+        const uint8_t* blk = w.at(g, b);
+        const __m512 wd = _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)blk));
+        __m512i p[8];
+        if constexpr (TYPE == GGML_Q8_0) {
+            for (int j = 0; j < 8; ++j) p[j] = _mm512_load_si512((const void*)(blk + 64 + 64 * j));
+        } else {
+            for (int j = 0; j < 4; ++j) {
+                const __m512i raw = _mm512_load_si512((const void*)(blk + 64 + 64 * j));
+                p[j] = _mm512_and_si512(raw, m0f);                          // elements 4j..4j+3
+                p[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m0f);  // elements 16+4j..
+            }
+        }
+        for (int t = 0; t < NT; ++t) {
+            const int64_t tt = t0 + t;
+            const int8_t* xq = x.q + tt * x.cols + b * QK;
+            __m512i acc = _mm512_setzero_si512();
+            for (int j = 0; j < 8; ++j) {
+                const int off = TYPE == GGML_Q8_0 ? 4 * j : (j < 4 ? 4 * j : 16 + 4 * (j - 4));
+                acc = _mm512_dpbusd_epi32(acc, p[j], _mm512_set1_epi32(load_i32(xq + off)));
+            }
+            const int32_t sx = x.s[tt * w.blocks + b];
+            if constexpr (TYPE == GGML_Q4_0) acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(8 * sx));
+            if constexpr (TYPE == GGML_Q8_0) acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(128 * sx));
+            const float dx = x.d[tt * w.blocks + b];
+            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(wd, _mm512_set1_ps(dx)), f[t]);
+            if constexpr (TYPE == GGML_Q4_1) {
+                const __m512 wm = _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(blk + 32)));
+                f[t] = _mm512_fmadd_ps(wm, _mm512_set1_ps(dx * float(sx)), f[t]);
+            }
+        }
+    }
+    for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy + g * 16, rows, f[t]);
+}
+
+template <int TYPE>
+void matmul_int8_typed(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n,
+                       float* y, int64_t ldy) {
+    for (int64_t g = r0 / 16; g * 16 < r1; ++g) {
+        const int64_t left = r1 - g * 16;
+        const __mmask16 rows = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+        int t0 = 0;
+        for (; t0 + 4 <= n; t0 += 4) group_tile<TYPE, 4>(w, g, x, t0, y, ldy, rows);
+        switch (n - t0) {
+            case 3: group_tile<TYPE, 3>(w, g, x, t0, y, ldy, rows); break;
+            case 2: group_tile<TYPE, 2>(w, g, x, t0, y, ldy, rows); break;
+            case 1: group_tile<TYPE, 1>(w, g, x, t0, y, ldy, rows); break;
+        }
+    }
+}
+
+void matmul_int8_avx512(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n,
+                        float* y, int64_t ldy) {
+    switch (w.type) {
+        case GGML_Q4_0: return matmul_int8_typed<GGML_Q4_0>(w, r0, r1, x, n, y, ldy);
+        case GGML_Q4_1: return matmul_int8_typed<GGML_Q4_1>(w, r0, r1, x, n, y, ldy);
+        case GGML_Q8_0: return matmul_int8_typed<GGML_Q8_0>(w, r0, r1, x, n, y, ldy);
+    }
+}
+
 }  // namespace
 
 const Kernels* kernels_avx512() {
     static const Kernels k{"avx512", matmul_avx512, dequant_row_avx512, dot_avx512, axpy_avx512,
                            add_avx512, rmsnorm_avx512, swiglu_avx512, attn_scores_avx512,
-                           softmax_avx512, attn_values_avx512};
+                           quantize_act_avx512, matmul_int8_avx512, softmax_avx512,
+                           attn_values_avx512};
     return &k;
 }
 

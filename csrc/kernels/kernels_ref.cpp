@@ -160,9 +160,65 @@ static void attn_values_ref(const float* p, const float* v, int64_t stride, int 
     for (int i = 0; i < n; ++i) axpy_ref(p[i], v + i * stride, out, hd);
 }
 
+size_t packed_payload_bytes(int type) {
+    return type == GGML_Q8_0 ? 512 : (type == GGML_Q4_0 || type == GGML_Q4_1) ? 256 : 0;
+}
+
+static void quantize_act_ref(const float* x, int n, int64_t cols, int8_t* q, float* d, int32_t* s) {
+    const int64_t nb = cols / QK;
+    for (int t = 0; t < n; ++t)
+        for (int64_t b = 0; b < nb; ++b) {
+            const float* xb = x + t * cols + b * QK;
+            float amax = 0.0f;
+            for (int j = 0; j < QK; ++j) amax = std::fabs(xb[j]) > amax ? std::fabs(xb[j]) : amax;
+            const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+            int32_t sum = 0;
+            for (int j = 0; j < QK; ++j) {
+                float v = std::nearbyint(xb[j] * id);
+                v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+                q[t * cols + b * QK + j] = int8_t(v);
+                sum += int32_t(v);
+            }
+            d[t * nb + b] = db;
+            s[t * nb + b] = sum;
+        }
+}
+
+// The spec of the int8 path: integer dot per block, then the block's two scales.
+static void matmul_int8_ref(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n,
+                            float* y, int64_t ldy) {
+    const bool q4 = w.type != GGML_Q8_0;
+    for (int64_t r = r0; r < r1; ++r) {
+        const int64_t g = r / 16, lane = r % 16;
+        for (int t = 0; t < n; ++t) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < w.blocks; ++b) {
+                const uint8_t* blk = w.at(g, b);
+                const uint8_t* pay = blk + 64 + lane * 4;
+                const int8_t* xq = x.q + t * x.cols + b * QK;
+                const int32_t sx = x.s[t * w.blocks + b];
+                int32_t isum = 0;
+                for (int j = 0; j < (q4 ? 4 : 8); ++j)
+                    for (int k = 0; k < 4; ++k) {
+                        const uint8_t u = pay[j * 64 + k];
+                        if (q4) isum += int32_t(u & 15) * xq[4 * j + k] + int32_t(u >> 4) * xq[16 + 4 * j + k];
+                        else isum += int32_t(u) * xq[4 * j + k];
+                    }
+                if (w.type == GGML_Q4_0) isum -= 8 * sx;
+                if (w.type == GGML_Q8_0) isum -= 128 * sx;
+                const float dx = x.d[t * w.blocks + b];
+                acc += float(isum) * (f16_to_f32(rd16(blk + 2 * lane)) * dx);
+                if (w.type == GGML_Q4_1) acc += f16_to_f32(rd16(blk + 32 + 2 * lane)) * (dx * float(sx));
+            }
+            y[t * ldy + r] = acc;
+        }
+    }
+}
+
 const Kernels& kernels_ref() {
     static const Kernels k{"ref", matmul_ref, dequant_row_ref, dot_ref, axpy_ref, add_ref,
-                           rmsnorm_ref, swiglu_ref, attn_scores_ref, softmax_ref, attn_values_ref};
+                           rmsnorm_ref, swiglu_ref, attn_scores_ref, quantize_act_ref, matmul_int8_ref,
+                           softmax_ref, attn_values_ref};
     return k;
 }
 

@@ -78,7 +78,7 @@ class Generation:
 
 class Engine:
     def __init__(self, weights: LoadedWeights, threads: int | None = None, ctx: int | None = None,
-                 isa: str | None = None):
+                 isa: str | None = None, matmul: str | None = None):
         cfg = weights.config
         self.weights = weights
         self.config: ModelConfig = cfg
@@ -93,15 +93,19 @@ class Engine:
         self.native = _native.Model(cfg.to_native(), tensors, cfg.rope_inv_freq(), self.threads)
         # isa: "ref" or "avx512" forces a kernel table for this context (tests run both);
         # None uses the one chosen at import (CPUID, or ZEN5_FORCE_ISA).
-        self.ctx = _native.Context(self.native, self.n_ctx, isa or "")
+        # matmul: "int8" (default; quantized weights times int8-quantized activations, as
+        # llama.cpp does) or "f32" (dequantize to fp32: the exact path the PyTorch oracle pins).
+        self.matmul = matmul or os.environ.get("ZEN5_MATMUL", "int8")
+        self.ctx = _native.Context(self.native, self.n_ctx, isa or "", self.matmul)
         self.isa: str = self.ctx.isa
         self._tokens: list[int] = []  # exactly the tokens whose K/V rows the context holds
         self.state_id = 0              # bumped on every change of the cache (staleness checks)
 
     @classmethod
     def load(cls, name_or_path: str = "smollm2", threads: int | None = None, ctx: int | None = None,
-             isa: str | None = None):
-        return cls(load_weights(resolve_model(name_or_path)), threads=threads, ctx=ctx, isa=isa)
+             isa: str | None = None, matmul: str | None = None):
+        return cls(load_weights(resolve_model(name_or_path)), threads=threads, ctx=ctx, isa=isa,
+                   matmul=matmul)
 
     # ---- prompts -------------------------------------------------------------------------
     @property
@@ -173,6 +177,28 @@ class Engine:
             self.ctx.rewind(min(self.ctx.n_past, len(self._tokens)))
             raise
         self._tokens.extend(tokens)
+
+    def snapshot(self) -> bytes:
+        """The native snapshot of the cache (KV rows of every cached token + the last logits)."""
+        return self.ctx.snapshot()
+
+    def restore(self, tokens, blob: bytes) -> None:
+        """Replace the cache with a snapshot of exactly `tokens` (a disk checkpoint). The native
+        restore validates the whole blob before touching the cache, so on any error (BadSnapshot,
+        ModelMismatch, ContextOverflow) the current state is intact."""
+        tokens = [int(t) for t in tokens]
+        if len(tokens) > self.n_ctx:
+            raise _native.ContextOverflow(
+                f"a snapshot of {len(tokens)} tokens exceeds the context of {self.n_ctx} tokens")
+        if any(t < 0 or t >= self.config.vocab_size for t in tokens):
+            raise _native.BadSnapshot("snapshot token ids outside the vocabulary")
+        self.ctx.restore(blob)
+        self.state_id += 1
+        self._tokens = tokens
+        if self.ctx.n_past != len(tokens):
+            self.reset()
+            raise _native.BadSnapshot(f"snapshot holds {self.ctx.n_past} positions, not the "
+                                      f"{len(tokens)} tokens stored with it")
 
     def reset(self) -> None:
         self.ctx.rewind(0)
@@ -264,5 +290,6 @@ class Engine:
             "chat_template": bool(self.chat_template),
             "fingerprint": f"{self.native.fingerprint:016x}",
             "isa": self.isa,
+            "matmul": self.matmul,
             "threads": self.threads,
         }
