@@ -12,8 +12,15 @@ session decides what it can keep, cheapest first, and reports the rung (`cache_s
             live tokens when the live text is a byte prefix of the prompt (then only the rest of
             the text is tokenized: BPE merges across a string boundary, so tokens cut out of a
             full-prompt tokenization are never reused), else the common token prefix.
-3. cold     prefill everything.
-(Disk checkpoints plug in between 2 and 3 in their own module.)
+3. disk     the longest disk checkpoint (checkpoints.py) whose text is a byte prefix of the
+            prompt, when it holds more than the live rungs keep: restore its exact tokens and
+            KV rows, tokenize and prefill only the remaining text.
+4. cold     prefill everything.
+
+Checkpoints are written (when a CheckpointStore is given) at a fresh prompt's trimmed, aligned
+boundary, at aligned frontiers during long prefill or generation (not inside a tool call),
+before a request discards a long live state, and at `close()`. The live state is never rolled
+back to write one: a boundary inside the prompt is saved by prefilling in two parts.
 
 Replayed history is rendered exactly when we can prove it is what the model produced: tool
 calls through tool memory (ID -> sampled block), thinking through signatures or our encrypted
@@ -22,6 +29,7 @@ the request still succeeds.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,12 +38,15 @@ from typing import Iterator
 import numpy as np
 
 from zen5 import _native
+from zen5.checkpoints import CheckpointStore, Entry
 from zen5.chat_types import (ChatError, ChatEvent, ChatRequest, Finish, Message,
                              RedactedThinkingBlock, TextBlock, TextDelta, ThinkingBlock,
                              ThinkingDelta, ThinkingDone, ToolCallDelta, ToolCallDone,
                              ToolCallStart, ToolResultBlock, ToolUseBlock, Usage)
 from zen5.dialects import detect_dialect, get_dialect
 from zen5.dialects import base as d
+from zen5.dialects.chatml import CALL_OPEN as _CHATML_CALL_OPEN
+from zen5.dialects.deepseek_v4 import TOOL_TAG as _DSML_TOOL_TAG
 from zen5.engine import Engine
 from zen5.sampling import Sampler, find_stop, partial_stop_len
 from zen5.signatures import ThinkingSigner, load_or_create_secret
@@ -45,6 +56,11 @@ from zen5.tool_memory import ToolMemory, ToolRecord, new_tool_id
 # Stands in for the live assistant turn when rendering the continuation suffix: everything the
 # dialect writes after it (end of turn, tool results, next assistant prefix) is the suffix.
 _SENTINEL = "\x00zen5-live-frontier\x00"
+# Once a generation has opened a tool-call section, no frontier checkpoint is written: a state
+# ending inside a call is not a prefix any later request will render.
+_TOOL_OPENERS = (_CHATML_CALL_OPEN, _DSML_TOOL_TAG)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -63,12 +79,15 @@ class _Plan:
     new_tokens: list[int]          # tokens to prefill after them
     text: str                      # the full prompt text once prefilled
     state_id: int = -1             # Engine.state_id the plan was made against
+    live_keep: int = 0             # live tokens this plan keeps (the rest is discarded)
+    checkpoint: Entry | None = None           # disk rung: the checkpoint to restore
+    segments: list[d.Segment] | None = None   # disk rung: the prompt, to re-plan if it fails
 
 
 class ChatSession:
     def __init__(self, engine: Engine, dialect: str | None = None, *,
                  state_dir: str | Path | None = None, tool_memory: ToolMemory | None = None,
-                 syntax_greedy: bool = True):
+                 syntax_greedy: bool = True, checkpoints: CheckpointStore | None = None):
         self.engine = engine
         tok = engine.tokenizer
         self.dialect = get_dialect(detect_dialect(tok, engine.chat_template, override=dialect))
@@ -78,12 +97,16 @@ class ChatSession:
         self.signer = ThinkingSigner(load_or_create_secret(state), model_id)
         self.syntax_greedy = syntax_greedy
         self._live: _Live | None = None
+        self.checkpoints = checkpoints   # None: no disk cache
+        if checkpoints is not None:
+            checkpoints.attach(engine.native.fingerprint)
 
     # ---- public -----------------------------------------------------------------------------
     def chat(self, request: ChatRequest) -> Iterator[ChatEvent]:
         """Serve one request: validate and plan (errors raise ChatError before any event), then
         stream events; the last one is Finish."""
         thinking_mode = self._thinking_mode(request)
+        self._load_disk_tools(request)
         messages, diagnostics = self._dialect_messages(request, thinking_mode)
         plan = self._plan(request, messages, thinking_mode)
         return self._run(request, plan, thinking_mode, diagnostics)
@@ -91,6 +114,23 @@ class ChatSession:
     @property
     def live_tool_ids(self) -> tuple[str, ...]:
         return self._live.pending if self._live_valid() else ()
+
+    def close(self) -> None:
+        """Clean shutdown (a server calls this): save the live state to disk ("shutdown") so a
+        restarted process resumes it. The session stays usable."""
+        if self._live_valid():
+            self._save("shutdown", self._live.text, exact=True)
+
+    def _load_disk_tools(self, request: ChatRequest) -> None:
+        """Tool-ID maps stored in checkpoint files, for the IDs this request mentions and tool
+        memory lacks (after a restart): exact replay, and the 409 rule, survive the restart."""
+        if self.checkpoints is None:
+            return
+        ids = {b.id if isinstance(b, ToolUseBlock) else b.tool_use_id
+               for m in request.messages for b in m.blocks if isinstance(b, (ToolUseBlock, ToolResultBlock))}
+        missing = [i for i in ids if i not in self.memory]
+        for rec in self.checkpoints.tool_records(missing) if missing else ():
+            self.memory.remember(rec)
 
     # ---- request -> dialect messages --------------------------------------------------------
     def _thinking_mode(self, request: ChatRequest) -> str:
@@ -172,7 +212,7 @@ class ChatSession:
     def _plan(self, request: ChatRequest, messages: list[dict], thinking_mode: str) -> _Plan:
         plan = self._plan_live(request, messages, thinking_mode)
         if plan is None:
-            plan = self._plan_prefix(self._render_segments(request, messages, thinking_mode))
+            plan = self._plan_rendered(request, messages, thinking_mode)
         plan.state_id = self.engine.state_id
         total = plan.keep + len(plan.new_tokens)
         if total > self.engine.n_ctx:
@@ -202,7 +242,30 @@ class ChatSession:
         if suffix is None:
             return None
         tokens = self.engine.tokenizer.encode_segments(suffix)
-        return _Plan("live", self.engine.n_tokens, tokens, live.text + "".join(s.text for s in suffix))
+        n = self.engine.n_tokens
+        return _Plan("live", n, tokens, live.text + "".join(s.text for s in suffix), live_keep=n)
+
+    def _plan_rendered(self, request: ChatRequest, messages: list[dict], thinking_mode: str) -> _Plan:
+        segments = self._render_segments(request, messages, thinking_mode)
+        plan = self._plan_prefix(segments)
+        return self._plan_disk(segments, plan) or plan
+
+    def _plan_disk(self, segments: list[d.Segment], prefix: _Plan) -> _Plan | None:
+        """The disk rung: the longest checkpoint whose text is a prefix of the prompt, if it
+        holds more tokens than the live rungs keep. Only the index is consulted here; the file
+        is read and verified when the request runs."""
+        if self.checkpoints is None:
+            return None
+        for entry in self.checkpoints.lookup(prefix.text, max_tokens=self.engine.n_ctx):
+            if entry.n_tokens <= prefix.keep:
+                continue
+            rest = _segments_from(segments, len(entry.text))
+            if rest is None:
+                continue  # the stored text ends inside a control marker
+            more = self.engine.tokenizer.encode_segments(rest)
+            return _Plan("disk", entry.n_tokens, more, prefix.text, live_keep=prefix.keep,
+                         checkpoint=entry, segments=segments)
+        return None
 
     def _plan_prefix(self, segments: list[d.Segment]) -> _Plan:
         text = "".join(s.text for s in segments)
@@ -217,9 +280,9 @@ class ChatSession:
             if rest is not None:
                 more = self.engine.tokenizer.encode_segments(rest)
                 if more:
-                    return _Plan("text_prefix", len(cached), more, text)
+                    return _Plan("text_prefix", len(cached), more, text, live_keep=len(cached))
         source = "token_prefix" if common else "cold"
-        return _Plan(source, common, tokens[common:], text)
+        return _Plan(source, common, tokens[common:], text, live_keep=common)
 
     # ---- generation -------------------------------------------------------------------------
     def _run(self, request: ChatRequest, plan: _Plan, thinking_mode: str,
@@ -230,16 +293,20 @@ class ChatSession:
             if plan.source == "live":
                 raise ChatError(409, "the live state this request continues is gone; replay the full history")
             messages, _ = self._dialect_messages(request, thinking_mode)
-            plan = self._plan_prefix(self._render_segments(request, messages, thinking_mode))
+            plan = self._plan_rendered(request, messages, thinking_mode)
+        diagnostics = list(diagnostics)
         t0 = time.perf_counter()
+        self._save_before_evict(plan)
+        if plan.source == "disk":
+            plan = self._restore(plan, diagnostics)
         self._live = None  # the cache is about to change; re-established at the end
         eng.rewind(plan.keep)
         try:
-            eng.append(plan.new_tokens)
+            self._prefill(plan)
         except _native.ContextOverflow as e:
             raise ChatError(400, str(e)) from None
         t1 = time.perf_counter()
-        gen = _Generation(self, request, thinking_mode)
+        gen = _Generation(self, request, thinking_mode, plan.text)
         yield from gen.run()
         t2 = time.perf_counter()
 
@@ -252,6 +319,85 @@ class ChatSession:
                       reused_tokens=plan.keep, prefilled_tokens=len(plan.new_tokens),
                       cache_source=plan.source, prefill_seconds=t1 - t0, decode_seconds=t2 - t1)
         yield Finish(gen.reason, usage, tuple(diagnostics + gen.diagnostics))
+
+    # ---- disk checkpoints -------------------------------------------------------------------
+    def _restore(self, plan: _Plan, diagnostics: list[str]) -> _Plan:
+        """Load the plan's checkpoint into the engine. A file that vanished or fails a check
+        (the store removes it) or that the engine refuses degrades to the prefix rungs / cold,
+        with a diagnostic; the request still succeeds."""
+        store, entry = self.checkpoints, plan.checkpoint
+        ck = store.load(entry)
+        why = "missing or failed its checks"
+        if ck is not None:
+            try:
+                self.engine.restore(ck.tokens, ck.kv)
+                store.touch(entry)
+                return plan
+            except (_native.BadSnapshot, _native.ModelMismatch, _native.ContextOverflow) as e:
+                store.discard(entry, f"refused by the engine: {e}")
+                why = str(e)
+        diagnostics.append(f"disk checkpoint {entry.key[:12]} not used ({why}); prefilled instead")
+        return self._plan_prefix(plan.segments)
+
+    def _save_before_evict(self, plan: _Plan) -> None:
+        """A request that discards a long part of the live state saves the state first."""
+        if self.checkpoints is None or not self._live_valid():
+            return
+        if self.engine.n_tokens - plan.live_keep >= self.checkpoints.config.min_tokens:
+            self._save("evict", self._live.text, exact=True)
+
+    def _prefill(self, plan: _Plan) -> None:
+        """Prefill the plan's new tokens, pausing at save points to checkpoint the state there
+        (the computation is the same split or not: the kernels are batch-invariant)."""
+        eng, new, keep = self.engine, plan.new_tokens, plan.keep
+        for pos, reason in self._save_points(plan):
+            eng.append(new[eng.n_tokens - keep: pos - keep])
+            self._save(reason, plan.text)
+        eng.append(new[eng.n_tokens - keep:])
+
+    def _save_points(self, plan: _Plan) -> list[tuple[int, str]]:
+        """Aligned frontiers inside this prefill, and for a fresh prompt (not a continuation of
+        the live state) its trimmed, aligned boundary."""
+        store = self.checkpoints
+        if store is None or not plan.new_tokens or not store.writable:
+            return []
+        cfg, end = store.config, plan.keep + len(plan.new_tokens)
+        points = {f: "continued" for f in cfg.frontiers(plan.keep, end)}
+        if plan.source not in ("live", "text_prefix"):
+            b = cfg.cold_boundary(end)
+            if b is not None and b > plan.keep:
+                points[b] = "cold"
+        return sorted(points.items())
+
+    def _save_generation_frontier(self, gen: "_Generation") -> None:
+        """During decode: a checkpoint when the state reaches an aligned frontier, unless the
+        model has opened a tool-call section."""
+        step = self.checkpoints.config.frontier_step if self.checkpoints is not None else 0
+        if not step or self.engine.n_tokens % step:
+            return
+        sampled = self.engine.tokenizer.decode(gen.evaluated)
+        if gen._calls or any(o in sampled for o in _TOOL_OPENERS):
+            return
+        self._save("continued", gen.prompt_text + sampled, exact=True)
+
+    def _save(self, reason: str, expected: str, exact: bool = False) -> None:
+        """Checkpoint the engine's current state as it is (never rolled back for this). The
+        stored text is the decoded stored tokens; it must equal (`exact`) or be a prefix of the
+        text the caller knows the state renders, else (a boundary that splits a character, a
+        lossy decode) nothing is saved."""
+        store, eng = self.checkpoints, self.engine
+        if store is None or eng.n_tokens < store.config.min_tokens or not store.writable:
+            return
+        text = eng.tokenizer.decode(eng.tokens)
+        if (text != expected if exact else not expected.startswith(text)) or text.endswith("\ufffd"):
+            log.debug("no %s checkpoint at %d tokens: decoded text does not match", reason, eng.n_tokens)
+            return
+        if store.has(text):
+            return
+        inside: dict[str, bool] = {}
+        tools = [r for r in self.memory.records()
+                 if inside.setdefault(r.block_id, bool(r.block_raw) and r.block_raw in text)]
+        store.save(text, eng.tokens, eng.ctx.logits(), eng.snapshot(), eng.n_ctx, reason, tools)
 
     def _remember_calls(self, calls, gen: "_Generation", thinking_mode: str) -> None:
         if not calls:
@@ -271,8 +417,10 @@ class _Generation:
     settings), feed the dialect's stream parser, translate its events, stop on EOS, stop
     strings or the token limit."""
 
-    def __init__(self, session: ChatSession, request: ChatRequest, thinking_mode: str):
+    def __init__(self, session: ChatSession, request: ChatRequest, thinking_mode: str,
+                 prompt_text: str = ""):
         self.s, self.req = session, request
+        self.prompt_text = prompt_text   # decoded text of the cache when sampling starts
         opts = {"thinking_mode": thinking_mode}
         self.parser = session.dialect.stream_parser(lenient=True, **opts)
         self.tracker = session.dialect.syntax_tracker(**opts) if session.syntax_greedy else None
@@ -305,6 +453,7 @@ class _Generation:
                 break  # context full: finish "length"
             eng.append([tok])
             self.evaluated.append(tok)
+            self.s._save_generation_frontier(self)
             pending += self.decoder.push(tok)
             cut = find_stop(pending, stops)
             if cut is not None:
