@@ -26,7 +26,8 @@ struct SnapshotHeader {
     uint64_t build_id;
     uint64_t model_fingerprint;
     uint32_t n_layer, kv_dim, vocab, n_past;
-    uint32_t logits_valid, reserved;
+    uint32_t logits_valid;
+    uint32_t int8_matmul;  // the KV rows depend on the matmul path; restore only into the same
 };
 }  // namespace
 
@@ -252,6 +253,7 @@ std::string Context::snapshot() const {
     h.vocab = c.vocab_size;
     h.n_past = n_past_;
     h.logits_valid = logits_valid_;
+    h.int8_matmul = int8_;
     const size_t rows = size_t(n_past_) * c.kv_dim() * sizeof(float);
     std::string out;
     out.reserve(sizeof h + 2 * rows * c.n_layer + logits_.size() * 4 + 8);
@@ -280,6 +282,9 @@ void Context::restore(const std::string& blob) {
     if (h.model_fingerprint != model_->fingerprint || h.n_layer != uint32_t(c.n_layer) ||
         h.kv_dim != uint32_t(c.kv_dim()) || h.vocab != uint32_t(c.vocab_size))
         throw ModelMismatch("snapshot belongs to a different model");
+    if (h.int8_matmul != uint32_t(int8_))
+        throw ModelMismatch(std::string("snapshot was computed with ") + (h.int8_matmul ? "int8" : "f32") +
+                            " matmuls; this context uses " + (int8_ ? "int8" : "f32"));
     if (h.n_past > uint32_t(n_ctx_))
         throw ContextOverflow("snapshot holds " + std::to_string(h.n_past) + " tokens, more than the context of " +
                               std::to_string(n_ctx_));

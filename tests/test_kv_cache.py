@@ -110,3 +110,11 @@ def test_generation_stops_at_the_context_limit(smollm2_path):
     out = eng.generate("Count: 1 2 3 4 5", max_tokens=100, temperature=0)
     assert out.finish_reason == "length"
     assert out.prompt_tokens + out.completion_tokens <= 24 + 1
+
+
+def test_snapshot_refuses_the_other_matmul_path(smollm2_path):
+    a = Engine.load(smollm2_path, ctx=64, matmul="int8")
+    b = Engine(a.weights, ctx=64, matmul="f32")
+    a.ctx.eval([1, 2, 3])
+    with pytest.raises(zen5.ModelMismatch, match="int8 matmuls"):
+        b.ctx.restore(a.ctx.snapshot())
