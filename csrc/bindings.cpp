@@ -121,6 +121,24 @@ void register_kernels(py::module_& m) {
         kernels_for(isa).attn_scores(q.data(), k.data(), k.shape(1), n, hd, scale, out.mutable_data());
         return out;
     });
+    m.def("kernel_to_f16", [](const std::string& isa, F32Array x) {
+        py::array_t<uint16_t> out(x.size());
+        kernels_for(isa).to_f16(x.data(), x.size(), out.mutable_data());
+        return out;
+    });
+    m.def("kernel_attn_scores_h", [](const std::string& isa, F32Array q, py::array_t<uint16_t, py::array::c_style> k, int hd, float scale) {
+        if (k.ndim() != 2 || k.shape(1) < hd || q.size() < hd) throw ZenError("k must be (n, stride >= hd)");
+        py::array_t<float> out(k.shape(0));
+        kernels_for(isa).attn_scores_h(q.data(), k.data(), k.shape(1), int(k.shape(0)), hd, scale, out.mutable_data());
+        return out;
+    });
+    m.def("kernel_attn_values_h", [](const std::string& isa, F32Array p, py::array_t<uint16_t, py::array::c_style> v, int hd) {
+        if (v.ndim() != 2 || v.shape(1) < hd || v.shape(0) != p.size()) throw ZenError("v must be (n, stride >= hd)");
+        py::array_t<float> out(hd);
+        std::fill(out.mutable_data(), out.mutable_data() + hd, 0.0f);
+        kernels_for(isa).attn_values_h(p.data(), v.data(), v.shape(1), int(p.size()), hd, out.mutable_data());
+        return out;
+    });
     m.def("kernel_softmax", [](const std::string& isa, F32Array x) {
         py::array_t<float> out(x.size());
         std::memcpy(out.mutable_data(), x.data(), x.size() * 4);

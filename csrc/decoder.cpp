@@ -17,7 +17,7 @@ constexpr uint32_t kSnapshotVersion = 1;
 #define ZEN5_VERSION "dev"
 #endif
 // Snapshots are only exchanged between builds with the same KV layout and version.
-const uint64_t kBuildId = hash_bytes(ZEN5_VERSION "/kv-f32", sizeof(ZEN5_VERSION "/kv-f32") - 1, 1);
+const uint64_t kBuildId = hash_bytes(ZEN5_VERSION "/kv-2", sizeof(ZEN5_VERSION "/kv-2") - 1, 1);
 
 struct SnapshotHeader {
     char magic[8];
@@ -27,7 +27,7 @@ struct SnapshotHeader {
     uint64_t model_fingerprint;
     uint32_t n_layer, kv_dim, vocab, n_past;
     uint32_t logits_valid;
-    uint32_t int8_matmul;  // the KV rows depend on the matmul path; restore only into the same
+    uint32_t int8_matmul;  // the KV rows (fp16 with int8 matmuls, else fp32) depend on the path
 };
 }  // namespace
 
@@ -35,9 +35,10 @@ Context::Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* k
     : model_(std::move(model)), k_(kernels ? *kernels : active_kernels()), n_ctx_(n_ctx), int8_(int8_matmul) {
     const Config& c = model_->cfg;
     if (n_ctx <= 0) throw ZenError("n_ctx must be positive");
-    const size_t kv = size_t(c.n_layer) * n_ctx * c.kv_dim();
-    kcache_.assign(kv, 0.0f);
-    vcache_.assign(kv, 0.0f);
+    kv_elem_ = int8_ ? 2 : 4;
+    const size_t kv = size_t(c.n_layer) * n_ctx * c.kv_dim() * kv_elem_;
+    kcache_.assign(kv, 0);
+    vcache_.assign(kv, 0);
     x_.resize(size_t(kChunk) * c.n_embd);
     xb_.resize(size_t(kChunk) * std::max(c.n_embd, c.q_dim()));
     q_.resize(size_t(kChunk) * c.q_dim());
@@ -154,8 +155,17 @@ void Context::attention(int layer, int n) {
     const Config& c = model_->cfg;
     const int hd = c.head_dim, kvd = c.kv_dim(), group = c.n_head / c.n_head_kv;
     const float scale = 1.0f / std::sqrt(float(hd));
-    const float* K = kcache_.data() + size_t(layer) * n_ctx_ * kvd;  // (n_ctx, kv_dim)
-    const float* V = vcache_.data() + size_t(layer) * n_ctx_ * kvd;
+    const bool h16 = kv_elem_ == 2;
+    const void* K = kv_row<uint8_t>(kcache_, layer, 0);  // (n_ctx, kv_dim)
+    const void* V = kv_row<uint8_t>(vcache_, layer, 0);
+    auto scores = [&](const float* q, size_t off, int cnt, float* out) {
+        if (h16) k_.attn_scores_h(q, static_cast<const uint16_t*>(K) + off, kvd, cnt, hd, scale, out);
+        else k_.attn_scores(q, static_cast<const float*>(K) + off, kvd, cnt, hd, scale, out);
+    };
+    auto values = [&](const float* p, size_t off, int cnt, float* out) {
+        if (h16) k_.attn_values_h(p, static_cast<const uint16_t*>(V) + off, kvd, cnt, hd, out);
+        else k_.attn_values(p, static_cast<const float*>(V) + off, kvd, cnt, hd, out);
+    };
     const int per_kv = n * group, blocks = (per_kv + kQB - 1) / kQB;
     model_->pool.run(c.n_head_kv * blocks, [&](int task, int thread) {
         const int kvh = task / blocks, i0 = (task % blocks) * kQB, i1 = std::min(per_kv, i0 + kQB);
@@ -167,7 +177,7 @@ void Context::attention(int layer, int n) {
         for (int p0 = 0; p0 < max_len; p0 += kPB)
             for (int i = i0; i < i1; ++i) {
                 const int cnt = std::min(kPB, len_of(i) - p0);
-                if (cnt > 0) k_.attn_scores(q_of(i), K + size_t(p0) * kvd + kvh * hd, kvd, cnt, hd, scale, S + size_t(i - i0) * n_ctx_ + p0);
+                if (cnt > 0) scores(q_of(i), size_t(p0) * kvd + kvh * hd, cnt, S + size_t(i - i0) * n_ctx_ + p0);
             }
         for (int i = i0; i < i1; ++i) {
             k_.softmax(S + size_t(i - i0) * n_ctx_, len_of(i));
@@ -176,7 +186,7 @@ void Context::attention(int layer, int n) {
         for (int p0 = 0; p0 < max_len; p0 += kPB)
             for (int i = i0; i < i1; ++i) {
                 const int cnt = std::min(kPB, len_of(i) - p0);
-                if (cnt > 0) k_.attn_values(S + size_t(i - i0) * n_ctx_ + p0, V + size_t(p0) * kvd + kvh * hd, kvd, cnt, hd, out_of(i));
+                if (cnt > 0) values(S + size_t(i - i0) * n_ctx_ + p0, size_t(p0) * kvd + kvh * hd, cnt, out_of(i));
             }
     });
 }
@@ -197,8 +207,6 @@ void Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
                  {&L.wk, xb_.data(), kx_.data()},    // (n, KV)
                  {&L.wv, xb_.data(), vx_.data()}},   // (n, KV)
                 n);
-        float* kc = kcache_.data() + (size_t(l) * n_ctx_ + n_past_) * KV;
-        float* vc = vcache_.data() + (size_t(l) * n_ctx_ + n_past_) * KV;
         for (int t = 0; t < n; ++t) {
             float *q = q_.data() + size_t(t) * Q, *k = kx_.data() + size_t(t) * KV, *v = vx_.data() + size_t(t) * KV;
             if (L.bq) { k_.add(q, L.bq, Q); k_.add(k, L.bk, KV); k_.add(v, L.bv, KV); }
@@ -208,8 +216,13 @@ void Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
             }
             apply_rope(q, c.n_head, n_past_ + t);
             apply_rope(k, c.n_head_kv, n_past_ + t);
-            std::memcpy(kc + size_t(t) * KV, k, sizeof(float) * KV);
-            std::memcpy(vc + size_t(t) * KV, v, sizeof(float) * KV);
+            if (kv_elem_ == 2) {
+                k_.to_f16(k, KV, kv_row<uint16_t>(kcache_, l, n_past_ + t));
+                k_.to_f16(v, KV, kv_row<uint16_t>(vcache_, l, n_past_ + t));
+            } else {
+                std::memcpy(kv_row<float>(kcache_, l, n_past_ + t), k, sizeof(float) * KV);
+                std::memcpy(kv_row<float>(vcache_, l, n_past_ + t), v, sizeof(float) * KV);
+            }
         }
         attention(l, n);                                   // att: (n, Q)
         matmuls({{&L.wo, att_.data(), xb_.data()}}, n);   // (n, E)
@@ -254,12 +267,12 @@ std::string Context::snapshot() const {
     h.n_past = n_past_;
     h.logits_valid = logits_valid_;
     h.int8_matmul = int8_;
-    const size_t rows = size_t(n_past_) * c.kv_dim() * sizeof(float);
+    const size_t rows = size_t(n_past_) * c.kv_dim() * kv_elem_;
     std::string out;
     out.reserve(sizeof h + 2 * rows * c.n_layer + logits_.size() * 4 + 8);
     out.append(reinterpret_cast<const char*>(&h), sizeof h);
     for (int l = 0; l < c.n_layer; ++l) {  // K rows then V rows, (n_past, kv_dim) each
-        const size_t off = size_t(l) * n_ctx_ * c.kv_dim();
+        const size_t off = size_t(l) * n_ctx_ * c.kv_dim() * kv_elem_;
         out.append(reinterpret_cast<const char*>(kcache_.data() + off), rows);
         out.append(reinterpret_cast<const char*>(vcache_.data() + off), rows);
     }
@@ -288,7 +301,7 @@ void Context::restore(const std::string& blob) {
     if (h.n_past > uint32_t(n_ctx_))
         throw ContextOverflow("snapshot holds " + std::to_string(h.n_past) + " tokens, more than the context of " +
                               std::to_string(n_ctx_));
-    const size_t rows = size_t(h.n_past) * c.kv_dim() * sizeof(float);
+    const size_t rows = size_t(h.n_past) * c.kv_dim() * kv_elem_;
     const size_t expect = sizeof h + 2 * rows * c.n_layer + size_t(c.vocab_size) * 4 + 8;
     if (blob.size() != expect)
         throw BadSnapshot("snapshot is " + std::to_string(blob.size()) + " bytes, expected " + std::to_string(expect));
@@ -298,7 +311,7 @@ void Context::restore(const std::string& blob) {
 
     const char* p = blob.data() + sizeof h;
     for (int l = 0; l < c.n_layer; ++l) {
-        const size_t off = size_t(l) * n_ctx_ * c.kv_dim();
+        const size_t off = size_t(l) * n_ctx_ * c.kv_dim() * kv_elem_;
         std::memcpy(kcache_.data() + off, p, rows), p += rows;
         std::memcpy(vcache_.data() + off, p, rows), p += rows;
     }

@@ -1,6 +1,6 @@
 // Context: one sequence's KV cache, scratch buffers and last logits over a shared Model.
-// The cache is fp32 and position-indexed, so rewinding is just forgetting rows (n_past = n),
-// and a snapshot is the rows themselves plus the last logits: restore is bit exact.
+// The cache is position-indexed, so rewinding is just forgetting rows (n_past = n), and a
+// snapshot is the rows themselves plus the last logits: restore is bit exact.
 #pragma once
 #include <initializer_list>
 #include <memory>
@@ -53,7 +53,13 @@ class Context {
     int n_ctx_, n_past_ = 0;
     bool logits_valid_ = false;
     bool int8_;
-    std::vector<float> kcache_, vcache_;  // (n_layer, n_ctx, kv_dim)
+    // (n_layer, n_ctx, kv_dim) rows of fp32 (exact path) or fp16 (int8 path: half the memory
+    // traffic of long-context attention and half the snapshot size)
+    std::vector<uint8_t> kcache_, vcache_;
+    size_t kv_elem_;  // 4 or 2 bytes
+    template <typename T> T* kv_row(std::vector<uint8_t>& c, int layer, int pos) const {
+        return reinterpret_cast<T*>(c.data() + (size_t(layer) * n_ctx_ + pos) * model_->cfg.kv_dim() * kv_elem_);
+    }
     // scratch, (kChunk, width)
     std::vector<float> x_, xb_, q_, kx_, vx_, att_, gate_, up_;
     std::vector<float> scores_;  // (threads, kQB, n_ctx)

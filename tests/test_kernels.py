@@ -190,3 +190,29 @@ def test_matmul_int8_batch_equals_one_by_one():
         batch = _native.kernel_matmul_int8(isa, TYPES["Q4_1"], w, 48, 96, x)
         single = np.concatenate([_native.kernel_matmul_int8(isa, TYPES["Q4_1"], w, 48, 96, x[i:i + 1]) for i in range(7)])
         assert np.array_equal(batch, single), isa
+
+
+def test_f16_conversion_matches_numpy_bit_for_bit():
+    rng = np.random.default_rng(11)
+    x = np.concatenate([rng.standard_normal(1000) * 10 ** rng.uniform(-9, 5, 1000),
+                        [0.0, -0.0, 65504.0, 65520.0, 1e6, -1e6, 6e-8, 3e-8, 2.9e-8, np.inf, -np.inf],
+                        np.float16(np.arange(-2048, 2048)).astype(np.float32) + np.float32(2 ** -12)]).astype(np.float32)
+    expect = x.astype(np.float16).view(np.uint16)
+    for isa in ("ref", "avx512"):
+        assert np.array_equal(_native.kernel_to_f16(isa, x), expect), isa
+
+
+@pytest.mark.parametrize("n,hd,stride", [(1, 64, 192), (9, 64, 64), (70, 32, 96)])
+def test_attention_kernels_f16_cache(n, hd, stride):
+    rng = np.random.default_rng(n)
+    q = rng.standard_normal(hd).astype(np.float32)
+    k = rng.standard_normal((n, stride)).astype(np.float16)
+    v = rng.standard_normal((n, stride)).astype(np.float16)
+    scale = 1 / np.sqrt(hd)
+    exact = k[:, :hd].astype(np.float64) @ q * scale
+    p = np.exp(exact - exact.max()); p = (p / p.sum()).astype(np.float32)
+    for isa in ("ref", "avx512"):
+        sc = _native.kernel_attn_scores_h(isa, q, k.view(np.uint16), hd, scale)
+        assert np.allclose(sc, exact, atol=1e-5, rtol=1e-5), isa
+        out = _native.kernel_attn_values_h(isa, p, v.view(np.uint16), hd)
+        assert np.allclose(out, p.astype(np.float64) @ v[:, :hd].astype(np.float64), atol=1e-5), isa

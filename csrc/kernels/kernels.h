@@ -83,6 +83,11 @@ struct Kernels {
     // r in [r0, r1) (r0 a multiple of 16) and t in [0, n).
     void (*matmul_int8)(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n,
                         float* y, int64_t ldy);
+    // The same two attention kernels over an fp16 cache (the fast path stores K/V in fp16).
+    void (*attn_scores_h)(const float* q, const uint16_t* k, int64_t stride, int n, int hd, float scale, float* out);
+    void (*attn_values_h)(const float* p, const uint16_t* v, int64_t stride, int n, int hd, float* out);
+    // out[0:n] = fp16(x[0:n]), round to nearest even
+    void (*to_f16)(const float* x, int64_t n, uint16_t* out);
     // x[0:n] = softmax(x[0:n]) in place
     void (*softmax)(float* x, int n);
     // out[0:hd] += sum_i p[i] * v[i*stride : i*stride + hd]     (accumulates, in position order)
@@ -107,5 +112,6 @@ inline float bf16_to_f32(uint16_t h) {
     return f;
 }
 float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);  // round to nearest even, like vcvtps2ph
 
 }  // namespace zen5

@@ -237,21 +237,24 @@ void swiglu_avx512(const float* g, const float* u, int64_t n, float* out) {
     }
 }
 
-void attn_scores_avx512(const float* q, const float* k, int64_t stride, int n, int hd, float scale,
-                        float* out) {
-    // Four rows per step: independent accumulators hide the FMA latency; hd <= 256 keeps the
-    // query in registers across rows.
+// 16 cache values from fp32 or fp16 rows; lanes outside m are zero
+inline __m512 load_kv(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load_kv(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+
+template <typename T>
+void attn_scores_t(const float* q, const T* k, int64_t stride, int n, int hd, float scale, float* out) {
+    // Four rows per step: independent accumulators hide the FMA latency.
     int i = 0;
     for (; i + 4 <= n; i += 4) {
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        const float* k0 = k + i * stride;
+        const T* k0 = k + i * stride;
         for (int d = 0; d < hd; d += 16) {
             const __mmask16 m = tail_mask(hd - d);
             const __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
-            a0 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + d), a0);
-            a1 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + stride + d), a1);
-            a2 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + 2 * stride + d), a2);
-            a3 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + 3 * stride + d), a3);
+            a0 = _mm512_fmadd_ps(qv, load_kv(k0 + d, m), a0);
+            a1 = _mm512_fmadd_ps(qv, load_kv(k0 + stride + d, m), a1);
+            a2 = _mm512_fmadd_ps(qv, load_kv(k0 + 2 * stride + d, m), a2);
+            a3 = _mm512_fmadd_ps(qv, load_kv(k0 + 3 * stride + d, m), a3);
         }
         out[i] = _mm512_reduce_add_ps(a0) * scale;
         out[i + 1] = _mm512_reduce_add_ps(a1) * scale;
@@ -262,10 +265,17 @@ void attn_scores_avx512(const float* q, const float* k, int64_t stride, int n, i
         __m512 a = _mm512_setzero_ps();
         for (int d = 0; d < hd; d += 16) {
             const __mmask16 m = tail_mask(hd - d);
-            a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), _mm512_maskz_loadu_ps(m, k + i * stride + d), a);
+            a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), load_kv(k + i * stride + d, m), a);
         }
         out[i] = _mm512_reduce_add_ps(a) * scale;
     }
+}
+
+void attn_scores_avx512(const float* q, const float* k, int64_t stride, int n, int hd, float scale, float* out) {
+    attn_scores_t(q, k, stride, n, hd, scale, out);
+}
+void attn_scores_h_avx512(const float* q, const uint16_t* k, int64_t stride, int n, int hd, float scale, float* out) {
+    attn_scores_t(q, k, stride, n, hd, scale, out);
 }
 
 void softmax_avx512(float* x, int n) {
@@ -287,7 +297,8 @@ void softmax_avx512(float* x, int n) {
     }
 }
 
-void attn_values_avx512(const float* p, const float* v, int64_t stride, int n, int hd, float* out) {
+template <typename T>
+void attn_values_t(const float* p, const T* v, int64_t stride, int n, int hd, float* out) {
     for (int d0 = 0; d0 < hd; d0 += 64) {  // up to 64 output lanes stay in registers
         const int w = hd - d0 < 64 ? hd - d0 : 64;
         const __mmask16 m0 = tail_mask(w), m1 = tail_mask(w - 16), m2 = tail_mask(w - 32), m3 = tail_mask(w - 48);
@@ -295,16 +306,31 @@ void attn_values_avx512(const float* p, const float* v, int64_t stride, int n, i
         __m512 o2 = _mm512_maskz_loadu_ps(m2, out + d0 + 32), o3 = _mm512_maskz_loadu_ps(m3, out + d0 + 48);
         for (int i = 0; i < n; ++i) {
             const __m512 pi = _mm512_set1_ps(p[i]);
-            const float* vi = v + i * stride + d0;
-            o0 = _mm512_fmadd_ps(pi, _mm512_maskz_loadu_ps(m0, vi), o0);
-            if (w > 16) o1 = _mm512_fmadd_ps(pi, _mm512_maskz_loadu_ps(m1, vi + 16), o1);
-            if (w > 32) o2 = _mm512_fmadd_ps(pi, _mm512_maskz_loadu_ps(m2, vi + 32), o2);
-            if (w > 48) o3 = _mm512_fmadd_ps(pi, _mm512_maskz_loadu_ps(m3, vi + 48), o3);
+            const T* vi = v + i * stride + d0;
+            o0 = _mm512_fmadd_ps(pi, load_kv(vi, m0), o0);
+            if (w > 16) o1 = _mm512_fmadd_ps(pi, load_kv(vi + 16, m1), o1);
+            if (w > 32) o2 = _mm512_fmadd_ps(pi, load_kv(vi + 32, m2), o2);
+            if (w > 48) o3 = _mm512_fmadd_ps(pi, load_kv(vi + 48, m3), o3);
         }
         _mm512_mask_storeu_ps(out + d0, m0, o0);
         if (w > 16) _mm512_mask_storeu_ps(out + d0 + 16, m1, o1);
         if (w > 32) _mm512_mask_storeu_ps(out + d0 + 32, m2, o2);
         if (w > 48) _mm512_mask_storeu_ps(out + d0 + 48, m3, o3);
+    }
+}
+
+void attn_values_avx512(const float* p, const float* v, int64_t stride, int n, int hd, float* out) {
+    attn_values_t(p, v, stride, n, hd, out);
+}
+void attn_values_h_avx512(const float* p, const uint16_t* v, int64_t stride, int n, int hd, float* out) {
+    attn_values_t(p, v, stride, n, hd, out);
+}
+
+void to_f16_avx512(const float* x, int64_t n, uint16_t* out) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_mask_storeu_epi16(out + i, m, h);
     }
 }
 
@@ -406,8 +432,8 @@ void matmul_int8_avx512(const PackedWeights& w, int64_t r0, int64_t r1, const Qu
 const Kernels* kernels_avx512() {
     static const Kernels k{"avx512", matmul_avx512, dequant_row_avx512, dot_avx512, axpy_avx512,
                            add_avx512, rmsnorm_avx512, swiglu_avx512, attn_scores_avx512,
-                           quantize_act_avx512, matmul_int8_avx512, softmax_avx512,
-                           attn_values_avx512};
+                           quantize_act_avx512, matmul_int8_avx512, attn_scores_h_avx512,
+                           attn_values_h_avx512, to_f16_avx512, softmax_avx512, attn_values_avx512};
     return &k;
 }
 

@@ -26,6 +26,29 @@ float f16_to_f32(uint16_t h) {
     return f;
 }
 
+uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u, e = (x >> 23) & 0xFFu;
+    uint32_t mant = x & 0x7FFFFFu;
+    if (e == 0xFF) return uint16_t(sign | 0x7C00u | (mant ? 0x200u : 0));  // inf / nan
+    const int32_t exp = int32_t(e) - 127 + 15;
+    if (exp >= 31) return uint16_t(sign | 0x7C00u);                          // overflow: inf
+    if (exp <= 0) {                                                          // subnormal or zero
+        if (exp < -10) return uint16_t(sign);
+        mant |= 0x800000u;
+        const int shift = 14 - exp;
+        uint32_t h = mant >> shift;
+        const uint32_t rem = mant & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+        if (rem > halfway || (rem == halfway && (h & 1))) ++h;
+        return uint16_t(sign | h);
+    }
+    uint32_t h = sign | (uint32_t(exp) << 10) | (mant >> 13);
+    const uint32_t rem = mant & 0x1FFFu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) ++h;  // a carry rounds into the exponent
+    return uint16_t(h);
+}
+
 size_t row_bytes(int type, int64_t cols) {
     switch (type) {
         case GGML_F32: return size_t(cols) * 4;
@@ -215,10 +238,29 @@ static void matmul_int8_ref(const PackedWeights& w, int64_t r0, int64_t r1, cons
     }
 }
 
+static void attn_scores_h_ref(const float* q, const uint16_t* k, int64_t stride, int n, int hd,
+                              float scale, float* out) {
+    for (int i = 0; i < n; ++i) {
+        float acc = 0.0f;
+        for (int d = 0; d < hd; ++d) acc += q[d] * f16_to_f32(k[i * stride + d]);
+        out[i] = acc * scale;
+    }
+}
+
+static void attn_values_h_ref(const float* p, const uint16_t* v, int64_t stride, int n, int hd, float* out) {
+    for (int i = 0; i < n; ++i)
+        for (int d = 0; d < hd; ++d) out[d] += p[i] * f16_to_f32(v[i * stride + d]);
+}
+
+static void to_f16_ref(const float* x, int64_t n, uint16_t* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f32_to_f16(x[i]);
+}
+
 const Kernels& kernels_ref() {
     static const Kernels k{"ref", matmul_ref, dequant_row_ref, dot_ref, axpy_ref, add_ref,
                            rmsnorm_ref, swiglu_ref, attn_scores_ref, quantize_act_ref, matmul_int8_ref,
-                           softmax_ref, attn_values_ref};
+                           attn_scores_h_ref, attn_values_h_ref, to_f16_ref, softmax_ref,
+                           attn_values_ref};
     return k;
 }
 
