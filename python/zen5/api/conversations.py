@@ -1,0 +1,130 @@
+"""What the server remembers between requests, beside the session's own live state.
+
+- `Reply` assembles one streamed assistant turn from neutral events. Every adapter builds its
+  non-streaming body from it, the stores keep it, the trace logs it: one assembly, so a stored
+  turn is exactly what the client was shown.
+- `ConversationStore` serves the stateful protocol features (Responses `previous_response_id`,
+  Anthropic `thread`): the conversation so far, in neutral form, under the id of the reply that
+  ended it. Bounded (LRU); an evicted or unknown id is a clear 400, and the client replays.
+  Re-rendering a stored conversation reaches the same cache rungs as a client's own replay
+  (live tool-ID continuation, prefix), because it holds our IDs and signatures unchanged.
+- `ReasoningMemory` lets Chat Completions clients replay `reasoning_content` (a field with no
+  room for a signature) exactly: text we emitted maps back to its signature.
+All three are touched only on the event-loop thread.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from zen5.chat_types import (Finish, Message, RedactedThinkingBlock, TextBlock, TextDelta,
+                             ThinkingBlock, ThinkingDone, ToolCallDelta, ToolCallDone,
+                             ToolCallStart, ToolSpec, ToolUseBlock)
+
+
+class Reply:
+    """One assistant turn, built as its events arrive. `parts` keeps the order the model produced:
+    ThinkingDone, text (str) and ToolCallDone items."""
+
+    def __init__(self):
+        self.parts: list = []
+        self.finish: Finish | None = None
+        self.open_calls: dict[str, list] = {}      # id -> [name, arguments so far] (not yet done)
+
+    def add(self, ev) -> None:
+        if isinstance(ev, TextDelta):
+            if self.parts and isinstance(self.parts[-1], str):
+                self.parts[-1] += ev.text
+            else:
+                self.parts.append(ev.text)
+        elif isinstance(ev, (ThinkingDone, ToolCallDone)):
+            self.parts.append(ev)
+            if isinstance(ev, ToolCallDone):
+                self.open_calls.pop(ev.id, None)
+        elif isinstance(ev, ToolCallStart):
+            self.open_calls[ev.id] = [ev.name, ""]
+        elif isinstance(ev, ToolCallDelta) and ev.id in self.open_calls:
+            self.open_calls[ev.id][1] += ev.fragment
+        elif isinstance(ev, Finish):
+            self.finish = ev
+
+    @property
+    def text(self) -> str:
+        return "".join(p for p in self.parts if isinstance(p, str))
+
+    @property
+    def thinking(self) -> list[ThinkingDone]:
+        return [p for p in self.parts if isinstance(p, ThinkingDone)]
+
+    @property
+    def tool_calls(self) -> list[ToolCallDone]:
+        return [p for p in self.parts if isinstance(p, ToolCallDone)]
+
+    def message(self) -> Message:
+        """The turn as the client would replay it (complete tool calls only)."""
+        blocks = []
+        for p in self.parts:
+            if isinstance(p, str):
+                blocks.append(TextBlock(p))
+            elif isinstance(p, ThinkingDone):
+                blocks.append(RedactedThinkingBlock(p.encrypted) if p.encrypted
+                              else ThinkingBlock(p.text, p.signature))
+            else:
+                blocks.append(ToolUseBlock(p.id, p.name, p.arguments))
+        return Message("assistant", tuple(blocks))
+
+    def summary(self) -> dict:
+        """The parsed output, for the trace."""
+        return {"thinking": "".join(t.text for t in self.thinking), "text": self.text,
+                "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in self.tool_calls],
+                "incomplete_calls": [{"id": k, "name": v[0]} for k, v in self.open_calls.items()]}
+
+
+@dataclass(frozen=True)
+class Conversation:
+    messages: tuple[Message, ...]          # everything so far, the stored reply included
+    tools: tuple[ToolSpec, ...] = ()       # Anthropic threads keep the create-time tools
+    system: tuple[Message, ...] = ()       # and system prompt (a `continue` may not repeat them)
+
+
+class ConversationStore:
+    def __init__(self, max_entries: int = 512):
+        self.max_entries = max_entries
+        self._items: OrderedDict[str, Conversation] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, key: str, conv: Conversation) -> None:
+        self._items[key] = conv
+        self._items.move_to_end(key)
+        while len(self._items) > self.max_entries:
+            self._items.popitem(last=False)
+
+    def get(self, key: str) -> Conversation | None:
+        conv = self._items.get(key)
+        if conv is not None:
+            self._items.move_to_end(key)
+        return conv
+
+
+class ReasoningMemory:
+    """sha256(thinking text we emitted) -> its signature, LRU-bounded."""
+
+    def __init__(self, max_entries: int = 2048):
+        self.max_entries = max_entries
+        self._items: OrderedDict[bytes, str] = OrderedDict()
+
+    @staticmethod
+    def _key(text: str) -> bytes:
+        return hashlib.sha256(text.encode()).digest()
+
+    def remember(self, text: str, signature: str) -> None:
+        self._items[self._key(text)] = signature
+        self._items.move_to_end(self._key(text))
+        while len(self._items) > self.max_entries:
+            self._items.popitem(last=False)
+
+    def signature_for(self, text: str) -> str | None:
+        return self._items.get(self._key(text))

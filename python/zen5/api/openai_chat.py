@@ -1,0 +1,189 @@
+"""OpenAI Chat Completions (`POST /v1/chat/completions`) <-> neutral types.
+
+Messages are system/developer/user/assistant/tool; an assistant turn carries `content` (a string,
+"" or null), `tool_calls` with JSON-string `arguments`, and DeepSeek-style `reasoning_content`
+(opencode echoes it on tool-call turns). That field has no room for a signature, so thinking we
+emitted is recognised by its exact text (`ReasoningMemory`) and replayed exactly; anything else
+degrades to canonical rendering in the session. Streams are bare `data:` chunks ending in
+`data: [DONE]`: a role chunk, content / `reasoning_content` / tool-call fragments (the first per
+call carries id, type and name), a chunk with `finish_reason`, then with
+`stream_options.include_usage` a usage chunk with empty `choices`. Reused prompt tokens are
+reported as `usage.prompt_tokens_details.cached_tokens`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from zen5.api import ApiContext, new_id, sampling, sse
+from zen5.api.conversations import Reply
+from zen5.api.errors import ApiError, bad_request, openai_body
+from zen5.api.fields import (arguments_text, at, get_bool, get_int, get_list, get_num, get_obj,
+                             get_stop, get_str, obj, text_parts)
+from zen5.chat_types import (ChatRequest, Finish, Message, TextBlock, TextDelta, ThinkingBlock,
+                             ThinkingDelta, ToolCallDelta, ToolCallStart,
+                             ToolResultBlock, ToolSpec, ToolUseBlock)
+
+STYLE = "openai"
+_TEXT = ("text", "input_text", "output_text")
+_EFFORT = {"high": "high", "xhigh": "max", "max": "max"}   # -> DeepSeek V4 reasoning_effort
+
+
+@dataclass
+class Turn:
+    id: str
+    model: str
+    stream: bool
+    include_usage: bool
+    request: ChatRequest
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def start(self, session):
+        return session.chat(self.request)
+
+
+# ---- request ---------------------------------------------------------------------------------
+def parse(body: dict, ctx: ApiContext) -> Turn:
+    model = get_str(body, "model", required=True)
+    if get_int(body, "n", default=1, minimum=1) != 1:
+        raise bad_request("n: only n=1 is supported", param="n")
+    messages = _messages(get_list(body, "messages", required=True), ctx)
+    if not messages:
+        raise bad_request("messages: at least one message is required", param="messages")
+    max_tokens = get_int(body, "max_completion_tokens", minimum=1)
+    if max_tokens is None:
+        max_tokens = get_int(body, "max_tokens", minimum=1)
+    effort = get_str(body, "reasoning_effort")
+    thinking = {"enabled": True, "disabled": False}.get(get_obj(body, "thinking").get("type"))
+    if effort == "none":
+        thinking = False
+    try:
+        request = ChatRequest(
+            messages, tools=_tools(get_list(body, "tools")), tool_choice=_tool_choice(body.get("tool_choice")),
+            sampling=sampling(get_num(body, "temperature", low=0, high=2), get_num(body, "top_p", low=0, high=1),
+                              None, get_int(body, "seed")),
+            max_tokens=ctx.max_tokens(max_tokens), stop=get_stop(body, "stop"),
+            thinking=thinking, reasoning_effort=_EFFORT.get(effort or ""), id_prefix="call_")
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+    include_usage = get_bool(get_obj(body, "stream_options"), "include_usage", "stream_options")
+    return Turn(new_id("chatcmpl-"), model, get_bool(body, "stream"), include_usage, request)
+
+
+def _messages(items: list, ctx: ApiContext) -> tuple[Message, ...]:
+    out = []
+    for i, item in enumerate(items):
+        m, path = obj(item, at("messages", i)), at("messages", i)
+        role = get_str(m, "role", path, required=True)
+        content = m.get("content")
+        if role in ("system", "developer", "user"):
+            out.append(Message.text(role, text_parts(content, f"{path}.content", _TEXT)))
+        elif role == "assistant":
+            out.append(_assistant(m, path, ctx))
+        elif role == "tool":
+            out.append(Message("tool", (ToolResultBlock(get_str(m, "tool_call_id", path, required=True),
+                                                        text_parts(content, f"{path}.content", _TEXT)),)))
+        else:
+            raise bad_request(f"{path}.role: expected system, developer, user, assistant or tool, "
+                              f"got {role!r}", param=f"{path}.role")
+    return tuple(out)
+
+
+def _assistant(m: dict, path: str, ctx: ApiContext) -> Message:
+    blocks = []
+    reasoning = get_str(m, "reasoning_content", path)
+    if reasoning is not None:
+        blocks.append(ThinkingBlock(reasoning, ctx.reasoning.signature_for(reasoning)))
+    text = text_parts(m.get("content"), f"{path}.content", _TEXT + ("refusal",))
+    if text:
+        blocks.append(TextBlock(text))
+    for j, call in enumerate(get_list(m, "tool_calls", path)):
+        c, cpath = obj(call, at(f"{path}.tool_calls", j)), at(f"{path}.tool_calls", j)
+        fn = get_obj(c, "function", cpath, required=True)
+        blocks.append(ToolUseBlock(get_str(c, "id", cpath, required=True),
+                                   get_str(fn, "name", f"{cpath}.function", required=True),
+                                   arguments_text(fn.get("arguments", "{}"), f"{cpath}.function.arguments")))
+    return Message("assistant", tuple(blocks))
+
+
+def _tools(items: list) -> tuple[ToolSpec, ...]:
+    out = []
+    for i, item in enumerate(items):
+        t, path = obj(item, at("tools", i)), at("tools", i)
+        if t.get("type", "function") != "function":
+            continue  # custom / built-in tools: nothing this server can offer the model
+        fn = get_obj(t, "function", path, required=True)
+        params = get_obj(fn, "parameters", f"{path}.function") or {"type": "object", "properties": {}}
+        out.append(ToolSpec(get_str(fn, "name", f"{path}.function", required=True),
+                            get_str(fn, "description", f"{path}.function", default=""), params))
+    return tuple(out)
+
+
+def _tool_choice(tc):
+    if isinstance(tc, str):
+        return tc if tc in ("none", "auto", "required") else "auto"
+    if isinstance(tc, dict) and isinstance(tc.get("function"), dict) and tc["function"].get("name"):
+        return {"name": str(tc["function"]["name"])}
+    return "auto"
+
+
+# ---- response --------------------------------------------------------------------------------
+def usage(finish: Finish | None) -> dict:
+    u = finish.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.reused_tokens}}
+
+
+def body(turn: Turn, reply: Reply, ctx: ApiContext) -> dict:
+    msg: dict = {"role": "assistant", "content": reply.text or None}
+    if reply.thinking:
+        msg["reasoning_content"] = "".join(t.text for t in reply.thinking)
+    if reply.tool_calls:
+        msg["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.name, "arguments": c.arguments}} for c in reply.tool_calls]
+    choice = {"index": 0, "message": msg, "finish_reason": reply.finish.reason, "logprobs": None}
+    return {"id": turn.id, "object": "chat.completion", "created": turn.created, "model": turn.model,
+            "choices": [choice], "usage": usage(reply.finish)}
+
+
+def remember(turn: Turn, reply: Reply, ctx: ApiContext) -> None:
+    for t in reply.thinking:
+        ctx.reasoning.remember(t.text, t.signature)
+
+
+class Stream:
+    def __init__(self, turn: Turn, ctx: ApiContext):
+        self.turn = turn
+
+    def _chunk(self, delta: dict, finish: str | None = None) -> str:
+        return sse({"id": self.turn.id, "object": "chat.completion.chunk", "created": self.turn.created,
+                    "model": self.turn.model,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
+
+    def start(self) -> str:
+        return self._chunk({"role": "assistant", "content": ""})
+
+    def keepalive(self) -> str:
+        return ": keep-alive\n\n"
+
+    def error(self, err: ApiError) -> str:
+        return sse(openai_body(err))
+
+    def event(self, ev) -> str:
+        if isinstance(ev, ThinkingDelta):
+            return self._chunk({"reasoning_content": ev.text})
+        if isinstance(ev, TextDelta):
+            return self._chunk({"content": ev.text})
+        if isinstance(ev, ToolCallStart):
+            return self._chunk({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function",
+                                                "function": {"name": ev.name, "arguments": ""}}]})
+        if isinstance(ev, ToolCallDelta):
+            return self._chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.fragment}}]})
+        if isinstance(ev, Finish):
+            out = self._chunk({}, ev.reason)
+            if self.turn.include_usage:
+                out += sse({"id": self.turn.id, "object": "chat.completion.chunk", "created": self.turn.created,
+                            "model": self.turn.model, "choices": [], "usage": usage(ev)})
+            return out + "data: [DONE]\n\n"
+        return ""

@@ -1,0 +1,319 @@
+"""OpenAI Responses (`POST /v1/responses`) <-> neutral types.
+
+Input is a string or a list of items: messages (a missing `type` means a message, as
+openai-agents sends them; Codex sends its system prompt as `developer` messages), `function_call`
+/ `function_call_output`, and `reasoning` items replayed by clients. A reasoning item is ours when
+its `encrypted_content` decrypts (asked for with `include: ["reasoning.encrypted_content"]`,
+Codex's `store: false` mode) or when its text is one we emitted (`ReasoningMemory`); anything
+else degrades to canonical rendering. `previous_response_id` continues a stored conversation
+(`store` defaults to true); the stored form is neutral, instructions excluded, as the API does
+not carry them over. Streams are named events with a `sequence_number`, one output item at a time
+(added, deltas, done), ending with `response.completed` (Codex retries a stream without it) or
+`response.incomplete` when the token limit cut the reply.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from zen5.api import ApiContext, new_id, sampling, sse
+from zen5.api.conversations import Conversation, Reply
+from zen5.api.errors import ApiError, bad_request
+from zen5.api.fields import (arguments_text, at, get_bool, get_int, get_list, get_num, get_obj,
+                             get_str, obj, text_parts)
+from zen5.chat_types import (ChatRequest, Finish, Message, RedactedThinkingBlock, TextDelta,
+                             ThinkingBlock, ThinkingDelta, ThinkingDone, ToolCallDelta,
+                             ToolCallDone, ToolCallStart, ToolResultBlock, ToolSpec, ToolUseBlock)
+
+STYLE = "openai"
+_TEXT = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
+_ENCRYPTED = "reasoning.encrypted_content"
+_EFFORT = {"high": "high", "xhigh": "max", "max": "max"}
+
+
+@dataclass
+class Turn:
+    id: str                                   # resp_…
+    model: str
+    stream: bool
+    request: ChatRequest
+    history: tuple[Message, ...]              # the conversation without the instructions
+    store: bool
+    echo: dict                                # request settings echoed in the response object
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+    def start(self, session):
+        return session.chat(self.request)
+
+
+# ---- request ---------------------------------------------------------------------------------
+def parse(body: dict, ctx: ApiContext) -> Turn:
+    model = get_str(body, "model", required=True)
+    prev = get_str(body, "previous_response_id")
+    prior = ctx.conversations.get(prev) if prev else None
+    if prev and prior is None:
+        raise ApiError(400, f"previous_response_id {prev} is not stored on this server (it was sent "
+                            "with store=false, evicted, or is from before a restart); send the full "
+                            "input instead", param="previous_response_id", code="previous_response_not_found")
+    raw = body.get("input")
+    if raw is None:
+        raise bad_request("input: this field is required (a string or an array of items)", param="input")
+    history = (prior.messages if prior else ()) + _input(raw, ctx)
+    instructions = get_str(body, "instructions")
+    system = (Message.text("system", instructions),) if instructions else ()
+    reasoning = get_obj(body, "reasoning")
+    effort = get_str(reasoning, "effort", "reasoning")
+    tools_wire = get_list(body, "tools")
+    try:
+        request = ChatRequest(
+            system + history, tools=_tools(tools_wire), tool_choice=_tool_choice(body.get("tool_choice")),
+            sampling=sampling(get_num(body, "temperature", low=0, high=2), get_num(body, "top_p", low=0, high=1)),
+            max_tokens=ctx.max_tokens(get_int(body, "max_output_tokens", minimum=1)),
+            thinking=False if effort in ("none", "minimal") else None,
+            reasoning_effort=_EFFORT.get(effort or ""),
+            redact_thinking=_ENCRYPTED in get_list(body, "include"), id_prefix="call_")
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+    echo = {"instructions": instructions, "previous_response_id": prev, "tools": tools_wire,
+            "tool_choice": body.get("tool_choice", "auto"), "temperature": body.get("temperature"),
+            "top_p": body.get("top_p"), "max_output_tokens": body.get("max_output_tokens"),
+            "reasoning": {"effort": effort, "summary": reasoning.get("summary")},
+            "metadata": body.get("metadata") or {}}
+    return Turn(new_id("resp_"), model, get_bool(body, "stream"), request, history,
+                get_bool(body, "store", default=True), echo)
+
+
+def _input(raw, ctx: ApiContext) -> tuple[Message, ...]:
+    if isinstance(raw, str):
+        return (Message.text("user", raw),)
+    if not isinstance(raw, list):
+        raise bad_request("input: expected a string or an array of items", param="input")
+    return tuple(_item(obj(it, at("input", i)), at("input", i), ctx) for i, it in enumerate(raw))
+
+
+def _item(it: dict, path: str, ctx: ApiContext) -> Message:
+    kind = it.get("type") or "message"
+    if kind == "message":
+        role = get_str(it, "role", path, required=True)
+        if role not in ("user", "assistant", "system", "developer"):
+            raise bad_request(f"{path}.role: expected user, assistant, system or developer, got {role!r}",
+                              param=f"{path}.role")
+        return Message.text(role, _content_text(it.get("content"), f"{path}.content"))
+    if kind in ("function_call", "custom_tool_call"):
+        call_id = get_str(it, "call_id", path, required=True)
+        name = get_str(it, "name", path, required=True)
+        args = (arguments_text(it.get("arguments", "{}"), f"{path}.arguments") if kind == "function_call"
+                else json.dumps({"input": get_str(it, "input", path, default="")}, ensure_ascii=False))
+        return Message("assistant", (ToolUseBlock(call_id, name, args),))
+    if kind in ("function_call_output", "custom_tool_call_output"):
+        return Message("tool", (ToolResultBlock(get_str(it, "call_id", path, required=True),
+                                                _content_text(it.get("output", ""), f"{path}.output")),))
+    if kind == "reasoning":
+        return Message("assistant", (_reasoning(it, path, ctx),))
+    if kind == "item_reference":
+        raise bad_request(f"{path}: item_reference is not supported; send the item itself, or continue "
+                          "with previous_response_id", param=path)
+    raise bad_request(f"{path}: input item type {kind!r} is not supported", param=path)
+
+
+def _content_text(content, path: str) -> str:
+    if isinstance(content, list):  # a refusal part carries `refusal`, not `text`
+        content = [{"type": "text", "text": p.get("refusal", "")} if isinstance(p, dict) and
+                   p.get("type") == "refusal" else p for p in content]
+    return text_parts(content, path, _TEXT)
+
+
+def _reasoning(it: dict, path: str, ctx: ApiContext):
+    encrypted = get_str(it, "encrypted_content", path)
+    if encrypted:
+        return RedactedThinkingBlock(encrypted)
+    parts = it.get("content") or it.get("summary") or []
+    text = _content_text(parts, f"{path}.content")
+    return ThinkingBlock(text, ctx.reasoning.signature_for(text))
+
+
+def _tools(items: list) -> tuple[ToolSpec, ...]:
+    """Flat function tools; a `namespace` contributes its function tools; built-in and freeform
+    (`custom`) tools are not offered to the model."""
+    out = []
+    for i, item in enumerate(items):
+        t, path = obj(item, at("tools", i)), at("tools", i)
+        kind = t.get("type", "function")
+        if kind == "namespace":
+            out.extend(_tools([x for x in get_list(t, "tools", path) if isinstance(x, dict)]))
+        elif kind == "function":
+            params = get_obj(t, "parameters", path) or {"type": "object", "properties": {}}
+            out.append(ToolSpec(get_str(t, "name", path, required=True),
+                                get_str(t, "description", path, default=""), params))
+    return tuple(out)
+
+
+def _tool_choice(tc):
+    if isinstance(tc, str):
+        return tc if tc in ("none", "auto", "required") else "auto"
+    if isinstance(tc, dict) and tc.get("type") == "function" and tc.get("name"):
+        return {"name": str(tc["name"])}
+    return "auto"
+
+
+# ---- response --------------------------------------------------------------------------------
+def usage(finish: Finish | None) -> dict | None:
+    if finish is None:
+        return None
+    u = finish.usage
+    return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.reused_tokens},
+            "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": u.prompt_tokens + u.completion_tokens}
+
+
+def _response(turn: Turn, output: list, finish: Finish | None, status: str) -> dict:
+    incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+    return {"id": turn.id, "object": "response", "created_at": turn.created_at, "status": status,
+            "model": turn.model, "output": output, "usage": usage(finish), "error": None,
+            "incomplete_details": incomplete, "parallel_tool_calls": True, "store": turn.store,
+            "text": {"format": {"type": "text"}}, "truncation": "disabled", **turn.echo}
+
+
+def _status(finish: Finish | None) -> str:
+    return "incomplete" if finish is not None and finish.reason == "length" else "completed"
+
+
+def _reasoning_item(item_id: str, done: ThinkingDone) -> dict:
+    item = {"type": "reasoning", "id": item_id,
+            "summary": [{"type": "summary_text", "text": done.text}] if done.text else []}
+    if done.encrypted:
+        item["encrypted_content"] = done.encrypted
+    return item
+
+
+def _message_item(item_id: str, text: str, status: str = "completed") -> dict:
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict:
+    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name,
+            "arguments": arguments, "status": status}
+
+
+def body(turn: Turn, reply: Reply, ctx: ApiContext) -> dict:
+    output = []
+    for p in reply.parts:
+        if isinstance(p, str):
+            output.append(_message_item(new_id("msg_"), p))
+        elif isinstance(p, ThinkingDone):
+            output.append(_reasoning_item(new_id("rs_"), p))
+        else:
+            output.append(_call_item(new_id("fc_"), p.id, p.name, p.arguments))
+    return _response(turn, output, reply.finish, _status(reply.finish))
+
+
+def remember(turn: Turn, reply: Reply, ctx: ApiContext) -> None:
+    for t in reply.thinking:
+        ctx.reasoning.remember(t.text, t.signature)
+    if turn.store:
+        ctx.conversations.put(turn.id, Conversation(turn.history + (reply.message(),)))
+
+
+class Stream:
+    """Neutral events -> Responses SSE. One output item is open at a time; `output` collects the
+    finished items for the terminal event (the SDK checks they match what was streamed)."""
+
+    def __init__(self, turn: Turn, ctx: ApiContext):
+        self.turn = turn
+        self.seq = 0
+        self.output: list[dict] = []
+        self.item: dict | None = None          # the open item (its final form so far)
+        self.text = ""                         # text of the open message / reasoning summary
+
+    def _ev(self, kind: str, **data) -> str:
+        self.seq += 1
+        return sse({"type": kind, "sequence_number": self.seq, **data}, kind)
+
+    def start(self) -> str:
+        snap = _response(self.turn, [], None, "in_progress")
+        return self._ev("response.created", response=snap) + self._ev("response.in_progress", response=snap)
+
+    def keepalive(self) -> str:
+        return ": keep-alive\n\n"
+
+    def error(self, err: ApiError) -> str:
+        snap = {**_response(self.turn, self.output, None, "failed"),
+                "error": {"code": err.code or "server_error", "message": err.message}}
+        return self._ev("response.failed", response=snap)
+
+    def _open(self, item: dict) -> str:
+        out = self._close()
+        self.item, self.text = item, ""
+        return out + self._ev("response.output_item.added", output_index=len(self.output), item=item)
+
+    def _where(self) -> dict:
+        return {"item_id": self.item["id"], "output_index": len(self.output)}
+
+    def _close(self, status: str = "completed") -> str:
+        item = self.item
+        if item is None:
+            return ""
+        out = ""
+        if item["type"] == "message":
+            part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
+            out += self._ev("response.output_text.done", **self._where(), content_index=0, text=self.text,
+                            logprobs=[])
+            out += self._ev("response.content_part.done", **self._where(), content_index=0, part=part)
+            item = _message_item(item["id"], self.text)
+        elif item["type"] == "function_call":
+            item = {**item, "status": status}
+        out += self._ev("response.output_item.done", output_index=len(self.output), item=item)
+        self.output.append(item)
+        self.item = None
+        return out
+
+    def _thinking(self, ev) -> str:
+        out = "" if self.item is not None and self.item["type"] == "reasoning" else self._open(
+            {"type": "reasoning", "id": new_id("rs_"), "summary": []})
+        if isinstance(ev, ThinkingDelta) or (ev.encrypted and ev.text):
+            if not self.text:
+                out += self._ev("response.reasoning_summary_part.added", **self._where(), summary_index=0,
+                                part={"type": "summary_text", "text": ""})
+            self.text += ev.text
+            out += self._ev("response.reasoning_summary_text.delta", **self._where(), summary_index=0,
+                            delta=ev.text)
+        if isinstance(ev, ThinkingDone):
+            if self.text:
+                part = {"type": "summary_text", "text": self.text}
+                out += self._ev("response.reasoning_summary_text.done", **self._where(), summary_index=0,
+                                text=self.text)
+                out += self._ev("response.reasoning_summary_part.done", **self._where(), summary_index=0,
+                                part=part)
+            self.item = _reasoning_item(self.item["id"], ev)
+            out += self._close()
+        return out
+
+    def event(self, ev) -> str:
+        if isinstance(ev, (ThinkingDelta, ThinkingDone)):
+            return self._thinking(ev)
+        if isinstance(ev, TextDelta):
+            out = ""
+            if self.item is None or self.item["type"] != "message":
+                out = self._open(_message_item(new_id("msg_"), "", "in_progress") | {"content": []})
+                out += self._ev("response.content_part.added", **self._where(), content_index=0,
+                                part={"type": "output_text", "text": "", "annotations": []})
+            self.text += ev.text
+            return out + self._ev("response.output_text.delta", **self._where(), content_index=0,
+                                  delta=ev.text, logprobs=[])
+        if isinstance(ev, ToolCallStart):
+            return self._open(_call_item(new_id("fc_"), ev.id, ev.name, "", "in_progress"))
+        if isinstance(ev, ToolCallDelta):
+            self.item["arguments"] += ev.fragment
+            return self._ev("response.function_call_arguments.delta", **self._where(), delta=ev.fragment)
+        if isinstance(ev, ToolCallDone):
+            self.item = {**self.item, "arguments": ev.arguments}
+            out = self._ev("response.function_call_arguments.done", **self._where(), arguments=ev.arguments)
+            return out + self._close()
+        if isinstance(ev, Finish):
+            status = _status(ev)
+            out = self._close("incomplete")
+            kind = "response.completed" if status == "completed" else "response.incomplete"
+            return out + self._ev(kind, response=_response(self.turn, self.output, ev, status))
+        return ""

@@ -1,0 +1,413 @@
+"""The HTTP layer over a scripted session (no weights, runs everywhere in seconds): the exact SSE
+event sequences of each protocol, the real SDKs reassembling them, protocol state (Responses
+previous_response_id, Anthropic threads), the tolerance list of the spec's section 0, every
+error shape, overload, disconnect-cancels, keep-alive and clean shutdown."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import anthropic
+import openai
+import pytest
+import requests
+
+from serverlib import FakeSession, InProcessServer, sse_events
+from zen5.chat_types import RedactedThinkingBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
+
+
+@pytest.fixture(scope="module")
+def fake():
+    session = FakeSession()
+    srv = InProcessServer(session, keepalive=0.2)
+    srv.session = session
+    yield srv
+    srv.stop()
+
+
+def post(srv, path, body, **headers):
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return requests.post(srv.url + path, data=data, headers={"content-type": "application/json", **headers},
+                         timeout=30)
+
+
+def stream(srv, path, body):
+    r = requests.post(srv.url + path, json=body, stream=True, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/event-stream")
+    return sse_events(r)
+
+
+ANTHROPIC = {"model": "any", "max_tokens": 64, "messages": [{"role": "user", "content": "tool please"}]}
+CHAT = {"model": "any", "messages": [{"role": "user", "content": "tool please"}]}
+RESPONSES = {"model": "any", "input": "tool please"}
+
+
+# ---- exact event sequences ------------------------------------------------------------------
+def test_anthropic_stream_sequence(fake):
+    events = [e for e in stream(fake, "/v1/messages", {**ANTHROPIC, "stream": True}) if e[0] != "ping"]
+    names = [n for n, _ in events]
+    assert names == ["message_start",
+                     "content_block_start", "content_block_delta", "content_block_delta", "content_block_delta",
+                     "content_block_stop",
+                     "content_block_start", "content_block_delta", "content_block_stop",
+                     "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",
+                     "message_delta", "message_stop"]
+    assert all(d["type"] == n for n, d in events)          # event name and data.type agree
+    deltas = [d["delta"]["type"] for n, d in events if n == "content_block_delta"]
+    assert deltas == ["thinking_delta", "thinking_delta", "signature_delta", "text_delta",
+                      "input_json_delta", "input_json_delta"]
+    starts = [d["content_block"] for n, d in events if n == "content_block_start"]
+    assert [b["type"] for b in starts] == ["thinking", "text", "tool_use"]
+    assert starts[2]["id"].startswith("toolu_") and starts[2]["input"] == {}
+    assert [d["index"] for n, d in events if n == "content_block_stop"] == [0, 1, 2]
+    md = events[-2][1]
+    assert md["delta"]["stop_reason"] == "tool_use" and md["usage"]["output_tokens"] == 5
+
+
+def test_openai_chat_stream_sequence(fake):
+    events = [d for n, d in stream(fake, "/v1/chat/completions",
+                                   {**CHAT, "stream": True, "stream_options": {"include_usage": True}})
+              if n != "comment"]
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    deltas = [c["choices"][0]["delta"] for c in chunks[1:-2]]
+    assert deltas[:2] == [{"reasoning_content": "Let me "}, {"reasoning_content": "check."}]
+    assert deltas[2] == {"content": "Checking."}
+    first = deltas[3]["tool_calls"][0]
+    assert first["id"].startswith("call_") and first["function"] == {"name": "get_weather", "arguments": ""}
+    assert "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas[4:]) == '{"city": "Paris"}'
+    assert chunks[-2]["choices"][0] == {"index": 0, "delta": {}, "finish_reason": "tool_calls", "logprobs": None}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 10
+
+
+def test_responses_stream_sequence(fake):
+    events = [e for e in stream(fake, "/v1/responses", {**RESPONSES, "stream": True}) if e[0] != "comment"]
+    names = [n for n, _ in events]
+    assert names[:2] == ["response.created", "response.in_progress"] and names[-1] == "response.completed"
+    assert [d["sequence_number"] for _, d in events] == list(range(1, len(events) + 1))
+    added = [d["item"]["type"] for n, d in events if n == "response.output_item.added"]
+    done = [d["item"] for n, d in events if n == "response.output_item.done"]
+    assert added == ["reasoning", "message", "function_call"] == [i["type"] for i in done]
+    assert done[0]["summary"] == [{"type": "summary_text", "text": "Let me check."}]
+    assert done[2]["call_id"].startswith("call_") and done[2]["arguments"] == '{"city": "Paris"}'
+    final = events[-1][1]["response"]
+    assert final["status"] == "completed" and final["output"] == done
+
+
+# ---- SDKs reassemble -----------------------------------------------------------------------
+def test_anthropic_sdk_stream_and_nonstream(fake):
+    client = anthropic.Anthropic(base_url=fake.url, api_key="k", max_retries=0)
+    with client.messages.stream(**ANTHROPIC) as s:
+        msg = s.get_final_message()
+    plain = client.messages.create(**ANTHROPIC)
+    for m in (msg, plain):
+        assert [b.type for b in m.content] == ["thinking", "text", "tool_use"]
+        assert m.content[0].thinking == "Let me check." and m.content[0].signature == "z5s1.sig"
+        assert m.content[2].input == {"city": "Paris"} and m.stop_reason == "tool_use"
+    redacted = client.messages.create(**ANTHROPIC, thinking={"type": "enabled", "budget_tokens": 1024,
+                                                              "display": "omitted"})
+    assert redacted.content[0].type == "redacted_thinking" and redacted.content[0].data == "z5e1.blob"
+
+
+def test_openai_sdks_reassemble(fake):
+    client = openai.OpenAI(base_url=fake.url + "/v1", api_key="k", max_retries=0)
+    args = ""
+    for chunk in client.chat.completions.create(**CHAT, stream=True, stream_options={"include_usage": True}):
+        for c in chunk.choices:
+            for tc in c.delta.tool_calls or []:
+                args += tc.function.arguments or ""
+    assert args == '{"city": "Paris"}'
+    with client.responses.stream(**RESPONSES, include=["reasoning.encrypted_content"]) as s:
+        final = s.get_final_response()
+    assert [o.type for o in final.output] == ["reasoning", "message", "function_call"]
+    assert final.output[0].encrypted_content == "z5e1.blob"
+    assert final.output_text == "Checking."
+    assert fake.session.requests[-1].redact_thinking
+
+
+# ---- protocol state ------------------------------------------------------------------------
+def test_previous_response_id_and_gone_state(fake):
+    first = post(fake, "/v1/responses", RESPONSES).json()
+    call = next(o for o in first["output"] if o["type"] == "function_call")
+    second = post(fake, "/v1/responses", {"model": "any", "previous_response_id": first["id"],
+                                          "input": [{"type": "function_call_output", "call_id": call["call_id"],
+                                                     "output": "22C"}]})
+    assert second.status_code == 200, second.text
+    req = fake.session.requests[-1]
+    roles = [m.role for m in req.messages]
+    assert roles[0] == "user" and roles[-1] == "tool" and "assistant" in roles
+    blocks = [b for m in req.messages for b in m.blocks]
+    assert any(isinstance(b, ThinkingBlock) and b.signature == "z5s1.sig" for b in blocks)
+    assert any(isinstance(b, ToolUseBlock) and b.id == call["call_id"] for b in blocks)
+    gone = post(fake, "/v1/responses", {"model": "any", "previous_response_id": "resp_nope", "input": "hi"})
+    assert gone.status_code == 400
+    assert gone.json()["error"]["param"] == "previous_response_id"
+    assert "send the full input" in gone.json()["error"]["message"]
+    unstored = post(fake, "/v1/responses", {**RESPONSES, "store": False}).json()
+    assert post(fake, "/v1/responses", {"model": "any", "previous_response_id": unstored["id"],
+                                        "input": "hi"}).status_code == 400
+
+
+def test_anthropic_thread_create_continue_and_gone(fake):
+    first = post(fake, "/v1/messages", {**ANTHROPIC, "system": "Be brief.", "thread": {"type": "create"},
+                                        "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]})
+    body = first.json()
+    tool = body["content"][2]
+    cont = post(fake, "/v1/messages", {"model": "any", "max_tokens": 64,
+                                       "thread": {"type": "continue", "previous_message_id": body["id"]},
+                                       "messages": [{"role": "user", "content": [
+                                           {"type": "tool_result", "tool_use_id": tool["id"], "content": "22C"}]}]})
+    assert cont.status_code == 200 and cont.json()["content"][0]["text"] == "Sunny."
+    req = fake.session.requests[-1]
+    assert [m.role for m in req.messages] == ["system", "user", "assistant", "user"]
+    assert [t.name for t in req.tools] == ["get_weather"]          # create-time tools kept
+    assert isinstance(req.messages[-1].blocks[0], ToolResultBlock)
+    gone = post(fake, "/v1/messages", {"model": "any", "max_tokens": 8, "messages": [],
+                                       "thread": {"type": "continue", "previous_message_id": "msg_gone"}})
+    assert gone.status_code == 400
+    assert gone.json()["error"]["details"] == {"error_code": "thread_not_found"}
+
+
+@pytest.mark.parametrize("thread", [False, None])
+def test_anthropic_sdk_tool_runner(fake, thread):
+    """The SDK's tool runner, with full-history requests (thread=False) and with its default
+    server-side thread (only the tool_result goes up on the second turn)."""
+    client = anthropic.Anthropic(base_url=fake.url, api_key="k", max_retries=0)
+    calls = []
+
+    @anthropic.beta_tool
+    def get_weather(city: str) -> str:
+        """Weather for a city."""
+        calls.append(city)
+        return "22C and sunny"
+
+    kw = {} if thread is None else {"thread": thread}
+    n0, stored = len(fake.session.requests), len(fake.zen.ctx.conversations)
+    runner = client.beta.messages.tool_runner(model="any", max_tokens=64, tools=[get_weather],
+                                              messages=[{"role": "user", "content": "tool please"}], **kw)
+    final = runner.until_done()
+    assert calls == ["Paris"] and final.content[-1].text == "Sunny."
+    second = fake.session.requests[n0 + 1]
+    assert isinstance(second.messages[-1].blocks[0], ToolResultBlock)
+    assert (len(fake.zen.ctx.conversations) > stored) == (thread is None)   # the default runs a thread
+    assert any(isinstance(b, ToolUseBlock) for m in second.messages for b in m.blocks)
+
+
+# ---- tolerance (spec section 0) ------------------------------------------------------------
+def test_claude_code_shapes_are_accepted(fake):
+    body = {"model": "claude-opus-4-8", "max_tokens": 32000, "stream": False,
+            "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1"},
+                       {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]},
+                         {"role": "system", "content": [{"type": "text", "text": "agents: none"}]}],
+            "tools": [{"name": "Read", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}},
+                      {"name": "Deferred", "input_schema": {"type": "object"}, "defer_loading": True},
+                      {"type": "web_search_20250305", "name": "web_search"}],
+            "thinking": {"type": "adaptive", "display": "updates"}, "output_config": {"effort": "high"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "metadata": {"user_id": "{\"device_id\": \"x\"}"}, "unknown_field": {"a": 1}}
+    r = post(fake, "/v1/messages?beta=true", body, **{"anthropic-version": "2026-10-21",
+                                                       "anthropic-beta": "made-up-beta-2099"})
+    assert r.status_code == 200, r.text
+    req = fake.session.requests[-1]
+    assert req.messages[0].blocks[0].text == "You are Claude Code."      # billing header dropped
+    assert [m.role for m in req.messages] == ["system", "user", "system"]
+    assert [t.name for t in req.tools] == ["Read"]
+
+
+def test_head_probes_and_misc_endpoints(fake):
+    for path in ("/", "/api/hello", "/v1/messages"):
+        assert requests.head(fake.url + path, timeout=5).status_code == 200
+    models = requests.get(fake.url + "/v1/models", timeout=5).json()
+    assert models["data"][0]["id"] == "fake" and models["has_more"] is False
+    assert requests.get(fake.url + "/openapi.json", timeout=5).json()["openapi"].startswith("3.")
+    text = requests.get(fake.url + "/metrics", timeout=5).text
+    for name in ("zen5_requests_total", "zen5_prompt_tokens_reused_total", "zen5_prompt_tokens_prefilled_total",
+                 "zen5_cache_source_total", "zen5_prefill_tokens_per_second", "zen5_decode_tokens_per_second",
+                 "zen5_queue_depth"):
+        assert f"# TYPE {name}" in text
+
+
+def test_responses_items_without_type_and_developer_role(fake):
+    r = post(fake, "/v1/responses", {"model": "any", "input": [
+        {"type": "message", "id": "msg_1", "role": "developer", "content": [{"type": "input_text", "text": "sys"}]},
+        {"role": "user", "content": "hello"}], "store": False, "unknown": 1})
+    assert r.status_code == 200, r.text
+    assert [m.role for m in fake.session.requests[-1].messages] == ["developer", "user"]
+
+
+def test_reasoning_content_replay_is_recognised(fake):
+    """Chat Completions has no signature field: thinking we emitted is recognised by its text."""
+    first = post(fake, "/v1/chat/completions", CHAT).json()["choices"][0]["message"]
+    assert first["reasoning_content"] == "Let me check."
+    post(fake, "/v1/chat/completions", {"model": "any", "messages": [
+        CHAT["messages"][0], {**first, "content": ""},
+        {"role": "tool", "tool_call_id": first["tool_calls"][0]["id"], "content": "22C"}]})
+    thinking = [b for m in fake.session.requests[-1].messages for b in m.blocks if isinstance(b, ThinkingBlock)]
+    assert thinking == [ThinkingBlock("Let me check.", "z5s1.sig")]
+
+
+def test_redacted_reasoning_replay(fake):
+    post(fake, "/v1/responses", {"model": "any", "store": False, "input": [
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "z5e1.blob"},
+        {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "ok"}]})
+    blocks = [b for m in fake.session.requests[-1].messages for b in m.blocks]
+    assert blocks[0] == RedactedThinkingBlock("z5e1.blob")
+
+
+# ---- errors ---------------------------------------------------------------------------------
+ANTHROPIC_BAD = [
+    (b"{not json", "not valid JSON"),
+    (b"[1, 2]", "must be a JSON object"),
+    ({"model": "m", "messages": []}, "max_tokens: this field is required"),
+    ({"model": "m", "max_tokens": "lots", "messages": []}, "max_tokens: expected an integer, got a string"),
+    ({"model": "m", "max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": 7}]}, "messages[0].content"),
+    ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}]}, "text only"),
+    ({"model": "m", "max_tokens": 5, "temperature": "hot", "messages": [{"role": "user", "content": "x"}]},
+     "temperature: expected a finite number"),
+    ({"model": "m", "max_tokens": 5, "messages": [{"role": "assistant", "content": "prefill"}]}, "prefill"),
+]
+
+
+@pytest.mark.parametrize("body,fragment", ANTHROPIC_BAD)
+def test_anthropic_bad_input_shapes(fake, body, fragment):
+    r = post(fake, "/v1/messages", body)
+    assert r.status_code == 400, r.text
+    j = r.json()
+    assert j["type"] == "error" and j["error"]["type"] == "invalid_request_error"
+    assert fragment in j["error"]["message"] and j["request_id"].startswith("req_")
+    assert r.headers["x-should-retry"] == "false"
+
+
+OPENAI_BAD = [
+    ("/v1/chat/completions", b"", "not valid JSON"),
+    ("/v1/chat/completions", {"model": "m"}, "messages: this field is required"),
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}, "text only"),
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"id": "c"}]}]},
+     "messages[0].tool_calls[0].function: this field is required"),
+    ("/v1/chat/completions", {"model": "m", "n": 3, "messages": [{"role": "user", "content": "x"}]}, "n=1"),
+    ("/v1/completions", {"model": "m", "prompt": {"a": 1}}, "prompt:"),
+    ("/v1/responses", {"model": "m"}, "input: this field is required"),
+    ("/v1/responses", {"model": "m", "input": [{"type": "item_reference", "id": "x"}]}, "item_reference"),
+    ("/v1/responses", {"model": 5, "input": "x"}, "model: expected a string"),
+]
+
+
+@pytest.mark.parametrize("path,body,fragment", OPENAI_BAD)
+def test_openai_bad_input_shapes(fake, path, body, fragment):
+    r = post(fake, path, body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and fragment in err["message"]
+    assert set(err) == {"message", "type", "param", "code"}
+
+
+def test_session_refusals_map_to_protocol_errors(fake):
+    r = post(fake, "/v1/messages", {**ANTHROPIC, "messages": [{"role": "user", "content": "unknown-id"}]})
+    assert r.status_code == 400 and "replay the full history" in r.json()["error"]["message"]
+    r = post(fake, "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "stale"}]})
+    assert r.status_code == 409 and r.json()["error"]["type"] == "invalid_request_error"
+    assert r.headers["x-should-retry"] == "false"
+    r = post(fake, "/v1/messages", {**ANTHROPIC, "stream": True, "messages": [{"role": "user", "content": "stale"}]})
+    assert r.status_code == 409 and r.json()["type"] == "error"     # refused before the stream starts
+    r = requests.get(fake.url + "/v1/nope", timeout=5)
+    assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_internal_error_mid_stream_and_server_keeps_serving(fake):
+    events = stream(fake, "/v1/messages", {**ANTHROPIC, "stream": True,
+                                           "messages": [{"role": "user", "content": "crash"}]})
+    assert events[-1][0] == "error" and events[-1][1]["error"]["type"] == "api_error"
+    r = post(fake, "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "crash"}]})
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    assert post(fake, "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "hi"}]}).ok
+
+
+def test_keepalive_during_a_long_prefill(fake):
+    events = stream(fake, "/v1/messages", {**ANTHROPIC, "stream": True,
+                                           "messages": [{"role": "user", "content": "wait"}]})
+    names = [n for n, _ in events]
+    assert names[0] == "message_start" and names.index("ping") < names.index("content_block_start")
+    events = stream(fake, "/v1/chat/completions", {**CHAT, "stream": True,
+                                                   "messages": [{"role": "user", "content": "wait"}]})
+    assert any(n == "comment" for n, _ in events)
+
+
+def test_disconnect_cancels_generation(fake):
+    fake.session.cancelled.clear()
+    before = fake.metrics().get("zen5_requests_cancelled_total", 0)
+    r = requests.post(fake.url + "/v1/messages", json={**ANTHROPIC, "stream": True,
+                                                        "messages": [{"role": "user", "content": "slow"}]},
+                      stream=True, timeout=30)
+    lines = r.iter_lines()
+    for _ in range(12):
+        next(lines)
+    r.close()
+    assert fake.session.cancelled.wait(5), "the generation went on after the client left"
+    t0 = time.time()
+    assert post(fake, "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "hi"}]}).ok
+    assert time.time() - t0 < 2
+    assert fake.metrics()["zen5_requests_cancelled_total"] == before + 1
+    # a non-streaming client that gives up is noticed too (the handler polls for the disconnect)
+    fake.session.cancelled.clear()
+    body = json.dumps({**CHAT, "messages": [{"role": "user", "content": "slow"}]}).encode()
+    with socket.create_connection(("127.0.0.1", fake.port)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        time.sleep(0.3)
+    assert fake.session.cancelled.wait(5)
+    assert fake.metrics()["zen5_requests_cancelled_total"] == before + 2
+
+
+# ---- servers with other settings ------------------------------------------------------------
+def test_overload_answers_each_protocols_error():
+    session = FakeSession()
+    srv = InProcessServer(session, queue=1)
+    try:
+        slow = {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "slow"}]}
+        running = requests.post(srv.url + "/v1/messages", json={**slow, "stream": True}, stream=True, timeout=30)
+        lines = running.iter_lines()                     # keep it: dropping it closes the stream
+        next(lines)                                      # the worker is busy with it
+        waiting = threading.Thread(target=lambda: post(srv, "/v1/messages", {**slow, "messages": [
+            {"role": "user", "content": "hi"}]}))
+        waiting.start()
+        deadline = time.time() + 5
+        while srv.zen.worker.depth < 1 and time.time() < deadline:
+            time.sleep(0.02)
+        a = post(srv, "/v1/messages", slow)
+        o = post(srv, "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x"}]})
+        assert a.status_code == 529 and a.json()["error"]["type"] == "overloaded_error"
+        assert o.status_code == 429 and o.json()["error"]["type"] == "rate_limit_error"
+        assert a.headers["x-should-retry"] == "true" and "retry-after" in a.headers
+        assert srv.metrics()["zen5_requests_rejected_total"] == 2
+        running.close()
+        waiting.join(30)
+    finally:
+        srv.stop()
+    assert session.closed, "shutdown did not call session.close()"
+
+
+def test_api_key_both_headers_and_401_shapes():
+    srv = InProcessServer(FakeSession(), api_key="sekrit", cors=True)
+    try:
+        body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+        assert post(srv, "/v1/messages", body, **{"x-api-key": "sekrit"}).ok
+        assert post(srv, "/v1/messages", body, Authorization="Bearer sekrit").ok
+        bad = post(srv, "/v1/messages", body, **{"x-api-key": "wrong"})
+        assert bad.status_code == 401 and bad.json()["error"]["type"] == "authentication_error"
+        bad = post(srv, "/v1/chat/completions", {"model": "m", "messages": []})
+        assert bad.status_code == 401 and bad.json()["error"]["type"] == "authentication_error"
+        assert requests.get(srv.url + "/health", timeout=5).ok           # health needs no key
+        pre = requests.options(srv.url + "/v1/messages", timeout=5, headers={
+            "Origin": "http://example.test", "Access-Control-Request-Method": "POST"})
+        assert pre.headers.get("access-control-allow-origin") in ("*", "http://example.test")
+    finally:
+        srv.stop()

@@ -1,0 +1,183 @@
+"""`python -m zen5 serve` on the default model, driven by the real `anthropic` and `openai` SDKs:
+non-streaming and streaming (deltas reassembled), count_tokens, completions, Responses
+streaming; errors that need the model (over-long prompts, unknown tool IDs, bad signatures);
+overload, disconnect and clean shutdown of a real process."""
+from __future__ import annotations
+
+import threading
+import time
+
+import anthropic
+import openai
+import pytest
+import requests
+
+from serverlib import sse_events, start_server
+
+pytestmark = pytest.mark.model
+
+QUESTION = "What is the capital of France?"
+
+
+def anthropic_client(srv) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=srv.url, api_key="k", max_retries=0)
+
+
+def openai_client(srv) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="k", max_retries=0)
+
+
+def test_anthropic_sdk_messages(smollm2_server):
+    client = anthropic_client(smollm2_server)
+    msg = client.messages.create(model="zen5-local", max_tokens=40, messages=[{"role": "user", "content": QUESTION}])
+    assert msg.stop_reason in ("end_turn", "max_tokens") and msg.content[0].text.strip()
+    assert msg.usage.output_tokens > 0 and msg.usage.input_tokens + msg.usage.cache_read_input_tokens > 20
+
+    with client.messages.stream(model="zen5-local", max_tokens=40,
+                                messages=[{"role": "user", "content": QUESTION}]) as s:
+        pieces = list(s.text_stream)
+        final = s.get_final_message()
+    assert len(pieces) > 1 and "".join(pieces) == final.content[0].text
+    # the same prompt again: all but the last prompt token comes from the cache
+    assert final.usage.cache_read_input_tokens == msg.usage.input_tokens + msg.usage.cache_read_input_tokens - 1
+
+    count = client.messages.count_tokens(model="zen5-local", messages=[{"role": "user", "content": QUESTION}])
+    assert count.input_tokens == msg.usage.input_tokens + msg.usage.cache_read_input_tokens
+
+
+def test_openai_sdk_chat_completions_responses(smollm2_server):
+    client = openai_client(smollm2_server)
+    text, usage = "", None
+    for chunk in client.chat.completions.create(model="m", messages=[{"role": "user", "content": QUESTION}],
+                                                max_tokens=40, stream=True, stream_options={"include_usage": True}):
+        text += "".join(c.delta.content or "" for c in chunk.choices)
+        usage = chunk.usage or usage
+    assert text.strip() and usage.completion_tokens > 0
+    assert usage.prompt_tokens_details.cached_tokens >= 0
+
+    done = client.completions.create(model="m", prompt="1, 2, 3, 4, 5,", max_tokens=12, temperature=0)
+    assert done.choices[0].text and done.choices[0].finish_reason == "length"
+    assert done.usage.completion_tokens == 12
+    streamed = [c.choices[0] for c in client.completions.create(
+        model="m", prompt="1, 2, 3, 4, 5,", max_tokens=12, temperature=0, stream=True) if c.choices]
+    assert "".join(c.text for c in streamed) and streamed[-1].finish_reason == "length"
+
+    with client.responses.stream(model="m", input=QUESTION, instructions="Answer briefly.",
+                                 max_output_tokens=40) as s:
+        deltas = [e.delta for e in s if e.type == "response.output_text.delta"]
+        final = s.get_final_response()
+    assert final.status in ("completed", "incomplete") and "".join(deltas) == final.output_text
+    assert final.usage.input_tokens > 0
+
+
+def test_prompt_over_the_context_is_a_400_in_each_shape(smollm2_server):
+    long = "word " * 3000                                   # > 2048 tokens
+    r = requests.post(smollm2_server.url + "/v1/messages", timeout=60, json={
+        "model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": long}]})
+    assert r.status_code == 400 and "context" in r.json()["error"]["message"]
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": long}]}),
+                       ("/v1/responses", {"input": long}), ("/v1/completions", {"prompt": long})):
+        r = requests.post(smollm2_server.url + path, json={"model": "m", **body}, timeout=60)
+        assert r.status_code == 400 and "context" in r.json()["error"]["message"], (path, r.text)
+    assert requests.get(smollm2_server.url + "/health", timeout=5).ok
+
+
+def test_unknown_tool_id_and_bad_signature(smollm2_server):
+    r = requests.post(smollm2_server.url + "/v1/messages", timeout=60, json={
+        "model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_forged", "content": "x"}]}]})
+    assert r.status_code == 400 and "toolu_forged" in r.json()["error"]["message"]
+    r = requests.post(smollm2_server.url + "/v1/chat/completions", timeout=60, json={
+        "model": "m", "messages": [{"role": "user", "content": "hi"},
+                                   {"role": "tool", "tool_call_id": "call_forged", "content": "x"}]})
+    assert r.status_code == 400 and "replay the full history" in r.json()["error"]["message"]
+    # a forged thinking signature degrades that message (diagnostic in the trace), not the request
+    r = requests.post(smollm2_server.url + "/v1/messages", timeout=60, json={
+        "model": "m", "max_tokens": 5, "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "forged"},
+                                              {"type": "text", "text": "Hello!"}]},
+            {"role": "user", "content": "bye"}]})
+    assert r.status_code == 200, r.text
+    assert any("signature" in d for d in smollm2_server.trace()[-1]["diagnostics"])
+
+
+def test_trace_records_prompt_cache_and_output(smollm2_server):
+    openai_client(smollm2_server).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Say hi"}], max_tokens=8)
+    rec = smollm2_server.trace()[-1]
+    assert rec["api"] == "openai_chat" and rec["prompt"].endswith("<|im_start|>assistant\n")
+    assert rec["cache"]["source"] in ("cold", "token_prefix", "text_prefix", "live", "disk")
+    assert rec["output"]["text"]
+
+
+@pytest.fixture()
+def small_queue_server(tmp_path):
+    srv = start_server("smollm2", tmp_path, "--queue", "1", "--threads", "2", "--ctx", "1024")
+    yield srv
+    srv.stop()
+
+
+COUNT = {"model": "m", "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 900, "stream": True}
+
+
+def test_overload_disconnect_and_clean_shutdown(small_queue_server):
+    srv = small_queue_server
+    running = requests.post(srv.url + "/v1/completions", json=COUNT, stream=True, timeout=60)
+    lines = running.iter_lines()
+    next(lines)                                              # it runs: counting goes on for ~900 tokens
+    t = threading.Thread(target=lambda: requests.post(srv.url + "/v1/completions",
+                                                json={**COUNT, "stream": False, "max_tokens": 2}, timeout=120))
+    t.start()
+    deadline = time.time() + 10
+    while requests.get(srv.url + "/health", timeout=5).json()["queue_depth"] < 1 and time.time() < deadline:
+        time.sleep(0.05)
+    a = requests.post(srv.url + "/v1/messages", timeout=30,
+                      json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+    o = requests.post(srv.url + "/v1/chat/completions", timeout=30,
+                      json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert a.status_code == 529 and a.json()["error"]["type"] == "overloaded_error"
+    assert o.status_code == 429 and o.json()["error"]["type"] == "rate_limit_error"
+    # the client of the long generation leaves: it stops, the queued request runs at once
+    running.close()
+    t.join(60)
+    m = srv.metrics()
+    assert m["zen5_requests_cancelled_total"] == 1 and m["zen5_requests_rejected_total"] == 2
+    assert m["zen5_completion_tokens_total"] < 400, "the cancelled generation ran on"
+    t0 = time.time()
+    assert requests.post(srv.url + "/v1/completions", json={**COUNT, "stream": False, "max_tokens": 4},
+                         timeout=60).ok
+    assert time.time() - t0 < 10
+    assert srv.stop() == 0
+    log = srv.log()
+    assert "shutting down" in log and "Finished server process" in log
+
+
+def test_long_prefill_keeps_the_stream_alive_and_logs_progress(smollm2_server):
+    """~1,400 prompt tokens take seconds on two cores: the Anthropic stream sends `ping` events
+    after message_start while the prefill runs, and the server log shows its progress."""
+    long = "Summarize: " + " ".join(f"item{i}" for i in range(380))
+    r = requests.post(smollm2_server.url + "/v1/messages", stream=True, timeout=120, json={
+        "model": "m", "max_tokens": 4, "stream": True, "messages": [{"role": "user", "content": long}]})
+    names = [n for n, _ in sse_events(r)]
+    assert names[0] == "message_start" and names[-1] == "message_stop"
+    first_block = names.index("content_block_start")
+    assert "ping" in names[1:first_block], names
+    assert "prefill " in smollm2_server.log() and "tok/s)" in smollm2_server.log()
+
+
+def test_clean_shutdown_saves_and_a_restart_resumes_from_disk(tmp_path):
+    """SIGTERM saves the live state (session.close(): disk checkpoints); a new process on the same
+    --state-dir serves the same prompt from disk instead of prefilling it."""
+    facts = " ".join(f"Fact {i}: the sky is blue." for i in range(70))          # ~700 tokens
+    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": facts + " Which fact is first?"}]}
+    usages = []
+    for _ in range(2):
+        srv = start_server("smollm2", tmp_path, "--threads", "2", "--ctx", "2048")
+        r = requests.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
+        usages.append((r.json()["usage"], srv.trace()[-1]["cache"]["source"]))
+        assert srv.stop() == 0
+    (first, src1), (second, src2) = usages
+    assert src1 == "cold" and src2 == "disk", usages
+    assert second["prompt_tokens_details"]["cached_tokens"] >= first["prompt_tokens"] - 64
