@@ -28,6 +28,7 @@ import math
 import re
 from typing import Iterable
 
+from zen5.sampling import partial_stop_len
 from zen5.dialects.base import (RAW_TOOL_BLOCK, ErrorEvent, Event, ParsedMessage, ParseError,
                                 Segment,
                                 TextDelta, ToolCall, ToolCallArgsDelta, ToolCallEnd,
@@ -576,17 +577,6 @@ class _JsonScanner:
 
 
 # ---- streaming ----------------------------------------------------------------------------
-def _partial_marker_len(text: str, markers: tuple[str, ...]) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of one of `markers`."""
-    best = 0
-    for m in markers:
-        for k in range(min(len(m) - 1, len(text)), best, -1):
-            if text.endswith(m[:k]):
-                best = k
-                break
-    return best
-
-
 class _BlockStream:
     """One <tool_call> block being sampled: emits ToolCallStart once the name is known and the
     arguments' canonical JSON as it arrives; the verdict comes at the close tag."""
@@ -671,7 +661,7 @@ class ChatMLStreamParser:
     def next_kind(self) -> str:
         """STRUCTURE or PAYLOAD for the next sampled position (see ChatMLSyntaxTracker)."""
         if self._mode in (_BEFORE, _GAP_TEXT):
-            held = _partial_marker_len(self._buf, (CALL_OPEN, IM_END))
+            held = partial_stop_len(self._buf, (CALL_OPEN, IM_END))
             return STRUCTURE if held else PAYLOAD
         if self._mode == _BLOCK and not self._buf:
             return self._block.scanner.kind()
@@ -707,7 +697,7 @@ class ChatMLStreamParser:
     def _step_undecided(self, out: list[Event]) -> bool:
         """No complete marker in the buffer: emit what cannot start one."""
         buf = self._buf
-        safe = len(buf) - _partial_marker_len(buf, (CALL_OPEN, IM_END))
+        safe = len(buf) - partial_stop_len(buf, (CALL_OPEN, IM_END))
         if self._mode == _GAP:
             if _is_blank(buf[:safe]):
                 return False           # still a separator, or the start of a marker
@@ -722,7 +712,7 @@ class ChatMLStreamParser:
     def _step_block(self, out: list[Event]) -> bool:
         buf, block = self._buf, self._block
         i_end = buf.find(IM_END)
-        limit = i_end if i_end >= 0 else len(buf) - _partial_marker_len(buf, (IM_END,))
+        limit = i_end if i_end >= 0 else len(buf) - partial_stop_len(buf, (IM_END,))
         used, closed = _scan_to_close(buf[:limit], block.lexical)
         block.feed(buf[:used], out)
         if closed:
