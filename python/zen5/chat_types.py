@@ -13,6 +13,9 @@ from typing import Literal, Union
 
 from zen5.sampling import SamplingParams
 
+# A custom tool's free-form input travels as this one string argument (see ToolSpec).
+CUSTOM_INPUT = "input"
+
 
 # ---- message content blocks ----------------------------------------------------------------
 @dataclass(frozen=True)
@@ -43,6 +46,12 @@ class ToolUseBlock:
         args = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         return ToolUseBlock(id, name, args)
 
+    @staticmethod
+    def from_custom_input(id: str, name: str, text: str) -> "ToolUseBlock":
+        """A custom (free-form) tool call replayed by the client (Responses `custom_tool_call`
+        `input`): the dialects render it as a call with one string argument, `input`."""
+        return ToolUseBlock(id, name, json.dumps({CUSTOM_INPUT: text}, ensure_ascii=False))
+
 
 @dataclass(frozen=True)
 class ToolResultBlock:
@@ -67,16 +76,43 @@ class Message:
 
 @dataclass(frozen=True)
 class ToolSpec:
+    """A tool the model may call.
+
+    kind "function": arguments are a JSON object described by `parameters` (JSON Schema);
+    `strict` (OpenAI/Anthropic `strict: true`) makes them validate even under tool_choice
+    "auto" (a forced call is always constrained to the schema).
+    kind "custom" (OpenAI Responses custom tools, e.g. Codex's apply_patch): a free-form text
+    input, constrained to `grammar` when given (`grammar_syntax` "lark" or "regex", the wire's
+    format.syntax; format {"type": "text"} maps to grammar None). The dialects render and parse
+    it as a function call with one string argument, `input`; events report kind "custom".
+    """
     name: str
     description: str = ""
     parameters: dict = field(default_factory=lambda: {"type": "object", "properties": {}})
+    kind: Literal["function", "custom"] = "function"
+    grammar: str | None = None
+    grammar_syntax: Literal["lark", "regex"] = "lark"
+    strict: bool = False
+
+    def __post_init__(self):
+        if self.kind not in ("function", "custom"):
+            raise ValueError(f"tool kind must be function or custom, got {self.kind!r}")
+        if self.grammar_syntax not in ("lark", "regex"):
+            raise ValueError(f"grammar_syntax must be lark or regex, got {self.grammar_syntax!r}")
 
     def openai(self) -> dict:
         fn = {"name": self.name}
         if self.description:
             fn["description"] = self.description
-        fn["parameters"] = self.parameters
+        fn["parameters"] = self.parameters if self.kind == "function" else self._custom_parameters()
         return {"type": "function", "function": fn}
+
+    def _custom_parameters(self) -> dict:
+        about = "The tool input, free-form text."
+        if self.grammar:
+            about = f"The tool input, text in this {self.grammar_syntax} grammar:\n{self.grammar}"
+        return {"type": "object", "properties": {CUSTOM_INPUT: {"type": "string", "description": about}},
+                "required": [CUSTOM_INPUT]}
 
 
 @dataclass(frozen=True)
@@ -84,11 +120,17 @@ class ChatRequest:
     messages: tuple[Message, ...]
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: str | dict = "auto"          # "auto" | "none" | "required" | {"name": ...}
+    parallel_tool_calls: bool = True          # False: at most one call per turn
+    # None | {"type": "text"} | {"type": "json_object"}
+    #      | {"type": "json_schema", "schema": {...}, "strict": bool, "name": str (unused)}
+    # the final answer (not the tool calls) is constrained to JSON / to the schema when strict
+    response_format: dict | None = None
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
     max_tokens: int = 1024
     stop: tuple[str, ...] = ()
     thinking: bool | None = None              # None: the dialect's default
     reasoning_effort: str | None = None       # DeepSeek V4: None | "high" | "max"
+    thinking_budget: int | None = None        # max reasoning tokens (Anthropic budget_tokens)
     redact_thinking: bool = False             # return thinking as an encrypted blob
     id_prefix: str = "call_"                  # "toolu_" for Anthropic, "call_" for OpenAI
 
@@ -97,6 +139,8 @@ class ChatRequest:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.id_prefix not in ("call_", "toolu_"):
             raise ValueError(f"id_prefix must be call_ or toolu_, got {self.id_prefix!r}")
+        if self.thinking_budget is not None and self.thinking_budget < 0:
+            raise ValueError(f"thinking_budget must be >= 0, got {self.thinking_budget}")
 
 
 # ---- events --------------------------------------------------------------------------------
@@ -122,6 +166,7 @@ class ToolCallStart:
     id: str
     name: str
     index: int
+    kind: Literal["function", "custom"] = "function"
 
 
 @dataclass(frozen=True)
@@ -137,6 +182,18 @@ class ToolCallDone:
     name: str
     arguments: str
     index: int
+    kind: Literal["function", "custom"] = "function"
+
+    @property
+    def input(self) -> str | None:
+        """A custom tool call's free-form input (the wire's custom tool call `input`)."""
+        if self.kind != "custom":
+            return None
+        try:
+            value = json.loads(self.arguments).get(CUSTOM_INPUT)
+        except (ValueError, AttributeError):
+            return None
+        return value if isinstance(value, str) else None
 
 
 @dataclass(frozen=True)

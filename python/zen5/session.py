@@ -26,6 +26,10 @@ Replayed history is rendered exactly when we can prove it is what the model prod
 calls through tool memory (ID -> sampled block), thinking through signatures or our encrypted
 blobs. Anything unproven degrades that one message to canonical rendering, with a diagnostic;
 the request still succeeds.
+
+A request that demands structure (tool_choice "required" / named / "none", a JSON response
+format, custom tools with a grammar, a thinking budget) is decoded under a per-request token
+mask built from the dialect's own output syntax (constraints.py); malformed demands are 400s.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ import numpy as np
 
 from zen5 import _native
 from zen5.checkpoints import CheckpointStore, Entry
+from zen5.constraints import ConstraintError, TokenConstraint, build_grammar, demand_of
 from zen5.chat_types import (ChatError, ChatEvent, ChatRequest, Finish, Message,
                              RedactedThinkingBlock, TextBlock, TextDelta, ThinkingBlock,
                              ThinkingDelta, ThinkingDone, ToolCallDelta, ToolCallDone,
@@ -106,10 +111,11 @@ class ChatSession:
         """Serve one request: validate and plan (errors raise ChatError before any event), then
         stream events; the last one is Finish."""
         thinking_mode = self._thinking_mode(request)
+        constraint = self._constraint(request, thinking_mode)
         self._load_disk_tools(request)
         messages, diagnostics = self._dialect_messages(request, thinking_mode)
         plan = self._plan(request, messages, thinking_mode)
-        return self._run(request, plan, thinking_mode, diagnostics)
+        return self._run(request, plan, thinking_mode, diagnostics, constraint)
 
     @property
     def live_tool_ids(self) -> tuple[str, ...]:
@@ -120,6 +126,21 @@ class ChatSession:
         restarted process resumes it. The session stays usable."""
         if self._live_valid():
             self._save("shutdown", self._live.text, exact=True)
+
+    def _constraint(self, request: ChatRequest, thinking_mode: str) -> TokenConstraint | None:
+        """The token mask a request needs (forced or forbidden calls, JSON answers, custom tool
+        grammars, a thinking budget: constraints.py), or None."""
+        tok = self.engine.tokenizer
+        try:
+            demand = demand_of(request)
+            if demand is None:
+                return None
+            grammar = build_grammar(demand, self.dialect.name, thinking_mode, tok.token_to_id)
+            return TokenConstraint(tok, grammar)
+        except ConstraintError as e:
+            raise ChatError(400, str(e)) from None
+        except (TypeError, ValueError) as e:  # a schema of an unexpected shape (e.g. required: 5)
+            raise ChatError(400, f"cannot constrain this request: {e}") from None
 
     def _load_disk_tools(self, request: ChatRequest) -> None:
         """Tool-ID maps stored in checkpoint files, for the IDs this request mentions and tool
@@ -286,7 +307,7 @@ class ChatSession:
 
     # ---- generation -------------------------------------------------------------------------
     def _run(self, request: ChatRequest, plan: _Plan, thinking_mode: str,
-             diagnostics: list[str]) -> Iterator[ChatEvent]:
+             diagnostics: list[str], constraint: TokenConstraint | None = None) -> Iterator[ChatEvent]:
         eng, tok = self.engine, self.engine.tokenizer
         if plan.state_id != eng.state_id:
             # another request ran between acceptance and execution
@@ -306,7 +327,7 @@ class ChatSession:
         except _native.ContextOverflow as e:
             raise ChatError(400, str(e)) from None
         t1 = time.perf_counter()
-        gen = _Generation(self, request, thinking_mode, plan.text)
+        gen = _Generation(self, request, thinking_mode, plan.text, constraint)
         yield from gen.run()
         t2 = time.perf_counter()
 
@@ -413,14 +434,17 @@ class ChatSession:
 
 
 class _Generation:
-    """The sampling loop of one request: sample (structure greedy, payload at the request's
-    settings), feed the dialect's stream parser, translate its events, stop on EOS, stop
-    strings or the token limit."""
+    """The sampling loop of one request: mask the logits to what the request's grammar allows
+    (when it has one), sample (structure greedy, payload at the request's settings), feed the
+    dialect's stream parser, translate its events, stop on EOS, stop strings or the token
+    limit."""
 
     def __init__(self, session: ChatSession, request: ChatRequest, thinking_mode: str,
-                 prompt_text: str = ""):
+                 prompt_text: str = "", constraint: TokenConstraint | None = None):
         self.s, self.req = session, request
         self.prompt_text = prompt_text   # decoded text of the cache when sampling starts
+        self.constraint = constraint
+        self._custom = {t.name for t in request.tools if t.kind == "custom"}
         opts = {"thinking_mode": thinking_mode}
         self.parser = session.dialect.stream_parser(lenient=True, **opts)
         self.tracker = session.dialect.syntax_tracker(**opts) if session.syntax_greedy else None
@@ -444,13 +468,14 @@ class _Generation:
         stops = tuple(req.stop)
         pending = ""  # decoded text held back: it may be the start of a stop string
         for _ in range(req.max_tokens):
-            tok = self._sample(eng.ctx.logits())
+            tok = self._sample(self._masked(eng.ctx.logits()))
             self.n_sampled += 1
             if tok in eos:
                 self.reason = "stop"
                 break
             if eng.n_tokens >= eng.n_ctx:
                 break  # context full: finish "length"
+            self._advance(tok)  # the next mask is computed while the engine evaluates tok
             eng.append([tok])
             self.evaluated.append(tok)
             self.s._save_generation_frontier(self)
@@ -471,6 +496,14 @@ class _Generation:
         yield from self._close_thinking()
         if self.finished_calls() and self.reason == "stop":
             self.reason = "tool_calls"
+
+    def _masked(self, logits: np.ndarray) -> np.ndarray:
+        return logits if self.constraint is None else self.constraint.mask(logits)
+
+    def _advance(self, tok: int) -> None:
+        if self.constraint is not None and not self.constraint.advance(tok):
+            self.diagnostics.append(f"constraint dropped: {self.constraint.error.splitlines()[0]}")
+            self.constraint = None
 
     def _sample(self, logits: np.ndarray) -> int:
         if self.tracker is not None and self.tracker.next_kind() == "structure":
@@ -498,15 +531,18 @@ class _Generation:
             elif isinstance(e, d.ToolCallStart):
                 cid = new_tool_id(self.req.id_prefix)
                 self._calls[e.index] = [cid, e.name, None]
-                yield ToolCallStart(cid, e.name, e.index)
+                yield ToolCallStart(cid, e.name, e.index, self._kind(e.name))
             elif isinstance(e, d.ToolCallArgsDelta) and e.index in self._calls:
                 yield ToolCallDelta(self._calls[e.index][0], e.json_fragment, e.index)
             elif isinstance(e, d.ToolCallEnd) and e.index in self._calls:
                 c = self._calls[e.index]
                 c[2] = e.arguments
-                yield ToolCallDone(c[0], e.name, e.arguments, e.index)
+                yield ToolCallDone(c[0], e.name, e.arguments, e.index, self._kind(e.name))
             elif isinstance(e, d.ErrorEvent):
                 self.diagnostics.append(f"model output not executable: {e.message}")
+
+    def _kind(self, name: str) -> str:
+        return "custom" if name in self._custom else "function"
 
     def _close_thinking(self) -> Iterator[ChatEvent]:
         if not self._thinking_open:
