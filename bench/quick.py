@@ -1,4 +1,4 @@
-"""Quick engine speed check (not the full peer benchmark, which is a later issue).
+"""Quick engine speed check (the full benchmark against peers and roofs is `python -m zen5 bench`).
 
 Workload: prefill prompts of 128 and 512 tokens (a fixed text, tokenized and cut), then decode
 128 tokens greedily with EOS ignored, at 1 and 2 threads. Warm-up excluded; each figure is the

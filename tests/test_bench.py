@@ -1,0 +1,153 @@
+"""The benchmark harness (bench/): the --quick smoke run end to end, the README report, and the
+GGUF conversion that makes the Q8_0 / BF16 benchmark files. The numbers themselves are not
+checked (this machine's speed is not a test); their shape and the files' layout are."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+harness = _load(ROOT / "bench" / "harness.py", "bench_harness_under_test")
+report = _load(ROOT / "bench" / "report.py", "bench_report_under_test")
+convert_gguf = _load(ROOT / "scripts" / "convert_gguf.py", "convert_gguf_under_test")
+
+FRONTIER_COLUMNS = ["ctx_tokens", "prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps", "kv_bytes"]
+
+
+def _rows(path: Path) -> tuple[list[str], list[dict]]:
+    with path.open(newline="") as fh:
+        r = csv.DictReader(fh)
+        return list(r.fieldnames), list(r)
+
+
+@pytest.mark.model
+def test_quick_run_writes_csv_frontier_plot_and_json(tmp_path, smollm2_path):
+    proc = subprocess.run([sys.executable, "-m", "zen5", "bench", "--quick", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    head = json.loads(proc.stdout.strip().splitlines()[-1])  # the last line is the JSON headline
+    assert head["workload"] == "quick" and head["commit"] and head["cpu"]
+    assert set(head["results"]) == {"Q4_1/1t/pp128", "Q4_1/1t/tg128", "Q4_1/2t/pp128", "Q4_1/2t/tg128"}
+    assert all(v["zen5_tps"] > 0 and v["vs"] == {} for v in head["results"].values())
+    assert head["frontier"]["first_ctx"] == 128 and head["frontier"]["last_ctx"] == 256
+
+    cpu = head["cpu"]
+    header, rows = _rows(tmp_path / f"{cpu}-bench-quick.csv")
+    assert header == list(harness.COLUMNS)
+    assert len(rows) == 4
+    for r in rows:
+        assert (r["engine"], r["quant"], r["workload"], r["repeats"]) == ("zen5", "Q4_1", "quick", "1")
+        assert float(r["tps_min"]) <= float(r["tps_median"]) <= float(r["tps_max"])
+        assert r["isa"] and r["commit"] == head["commit"] and float(r["steal_pct"]) >= 0
+    assert {(r["threads"], r["test"]) for r in rows} == {(t, x) for t in "12" for x in ("pp128", "tg128")}
+
+    header, fr = _rows(tmp_path / f"{cpu}-frontier-quick.csv")
+    assert header == FRONTIER_COLUMNS
+    assert [int(r["ctx_tokens"]) for r in fr] == [128, 256]
+    assert [int(r["prefill_tokens"]) for r in fr] == [128, 128]
+    kv = [int(r["kv_bytes"]) for r in fr]
+    assert kv[0] > 0 and kv[1] == 2 * kv[0]
+    assert (tmp_path / f"{cpu}-frontier-quick.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob(f"{cpu}-bench.csv"))  # a quick run never touches the real results
+
+
+def _fake_results(d: Path, run_id: str, zen_tps: float) -> None:
+    base = dict(run_id=run_id, date=run_id, commit="abc1234", cpu="Test_CPU", workload="full",
+                build="b", isa="avx512", model="m.gguf", n_tokens=512, repeats=5, tps_min=1,
+                tps_max=1, achieved=1, unit="GOP/s", frac_alt=0.1, steal_ticks=0, steal_pct=0.5,
+                load1_start=0.4)
+    rows = []
+    for engine, quant, tps in (("zen5", "Q4_1", zen_tps), ("llama.cpp-avx512", "Q4_1", 100.0),
+                               ("torch-bf16", "Q4_1", 400.0), ("zen5", "Q8_0", zen_tps / 2)):
+        rows.append(dict(base, engine=engine, quant=quant, threads=2, test="pp512", tps_median=tps,
+                         frac_peak=0.25 if engine == "zen5" else 0.05))
+    harness.append_csv(d / "Test_CPU-bench.csv", harness.COLUMNS, rows)
+    harness.append_csv(d / "Test_CPU-roofline.csv",
+                       ("run_id", "threads", "read_llc_gbps", "read_dram_gbps", "vnni_int8_gops", "fma_fp32_gflops"),
+                       [dict(run_id=run_id, threads=2, read_llc_gbps=59.3, read_dram_gbps=33.4,
+                             vnni_int8_gops=1769, fma_fp32_gflops=442)])
+
+
+def test_report_renders_latest_full_run_between_markers(tmp_path):
+    _fake_results(tmp_path, "2026-01-01T00:00:00", 200.0)
+    _fake_results(tmp_path, "2026-01-02T00:00:00", 300.0)  # the latest run wins
+    with (tmp_path / "Test_CPU-frontier.csv").open("w") as fh:
+        fh.write(",".join(FRONTIER_COLUMNS) + "\n512,512,900.0,32,250.0,1\n8192,512,600.0,32,200.0,16\n")
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n## Performance\n<!-- bench:start -->\nold\n<!-- bench:end -->\n\n## Next\nkeep\n")
+    report.update_readme(tmp_path, readme)
+    text = readme.read_text()
+    assert "old" not in text and text.startswith("# x\n\n## Performance\n") and text.endswith("## Next\nkeep\n")
+    assert "| Q4_1 | 2 | pp512 | **300** | 100 (3.00x) | 400 (0.75x) | 25% |" in text
+    assert "| Q8_0 | 2 | pp512 | **150** | - | 400 (0.38x) | 25% |" in text  # torch rows serve every quant
+    assert "2026-01-02T00:00:00" in text and "80% of decode at 512" in text
+    assert "int8 VNNI 1,769 GOP/s" in text
+    report.update_readme(tmp_path, readme)
+    assert readme.read_text() == text  # idempotent
+
+
+def test_report_without_markers_or_runs_fails_loudly(tmp_path):
+    (tmp_path / "README.md").write_text("no markers\n")
+    with pytest.raises(FileNotFoundError):
+        report.render(tmp_path)
+    _fake_results(tmp_path, "2026-01-01T00:00:00", 1.0)
+    with pytest.raises(ValueError):
+        report.update_readme(tmp_path, tmp_path / "README.md")
+
+
+def test_convert_gguf_q8_0_and_bf16_keep_metadata_and_values(tmp_path):
+    import tiny_gguf
+
+    src = Path(tiny_gguf.write_gguf(tmp_path / "tiny.Q4_1.gguf", matrix_type=Q.Q4_1,
+                                    types={"token_embd.weight": Q.Q8_0}))
+    r0 = gguf.GGUFReader(str(src))
+    orig = {t.name: gguf.quants.dequantize(np.asarray(t.data), t.tensor_type) for t in r0.tensors}
+    for qtype, ggml_type, file_type in (("Q8_0", Q.Q8_0, 7), ("BF16", Q.BF16, 32)):
+        dst = convert_gguf.output_path(src, qtype, tmp_path / "out")
+        assert dst.name == f"tiny.{qtype}.gguf"
+        dst.parent.mkdir(exist_ok=True)
+        convert_gguf.convert(src, dst, qtype)
+        r = gguf.GGUFReader(str(dst))
+        assert r.fields["general.file_type"].contents() == file_type
+        assert r.fields["tokenizer.ggml.tokens"].contents() == r0.fields["tokenizer.ggml.tokens"].contents()
+        assert r.fields["llama.rope.freq_base"].contents() == r0.fields["llama.rope.freq_base"].contents()
+        for t in r.tensors:
+            before = [u for u in r0.tensors if u.name == t.name][0]
+            assert list(t.shape) == list(before.shape)
+            if len(t.shape) == 1:
+                assert t.tensor_type == before.tensor_type  # norms copied as they are
+                continue
+            assert t.tensor_type == ggml_type
+            x, y = orig[t.name], gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+            assert np.abs(x - y).max() <= 0.01 * np.abs(x).max()
+    # idempotent through the CLI: an existing output is left alone
+    out = tmp_path / "out"
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "convert_gguf.py"), "--model", str(src),
+                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(out / "tiny.Q8_0.gguf"), str(out / "tiny.BF16.gguf")]
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
