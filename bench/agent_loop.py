@@ -14,7 +14,6 @@ python bench/agent_loop.py [--model smollm2] [--threads 2] [--max-ctx 7200]
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import subprocess
@@ -25,6 +24,7 @@ from zen5 import session as session_mod
 from zen5.chat_types import ChatRequest, Message, ToolResultBlock, ToolSpec, ToolUseBlock
 from zen5.engine import Engine
 from zen5.session import ChatSession
+from results_log import append_rows
 
 READ = ToolSpec("Read", "Reads a file", {"type": "object", "properties": {"path": {"type": "string"}},
                                          "required": ["path"]})
@@ -92,12 +92,7 @@ def main():
                  Message("user", (ToolResultBlock(done.id, LISTING),))]
         i += 1
     out = Path(__file__).parent / "results" / "agent_loop.csv"
-    new = not out.exists()
-    with out.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        if new:
-            w.writeheader()
-        w.writerows(rows)
+    append_rows(out, rows)
     last = rows[-1]
     print(json.dumps({"turns": len(rows), "final_ctx": last["ctx_tokens"], "live_ttft_ms": last["live_ttft_ms"],
                       "cold_ttft_ms": last["cold_ttft_ms"], "speedup_at_final_ctx": last["speedup"],

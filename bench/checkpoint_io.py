@@ -16,7 +16,6 @@ Usage: python bench/checkpoint_io.py [--model smollm2] [--tokens 1024 4096] [--r
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import os
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from zen5.checkpoints import CheckpointStore
 from zen5.engine import Engine
+from results_log import append_rows
 
 TEXT = ("The history of computing is a story of abstractions layered on top of one another. "
         "Each generation of engineers hides the details of the previous one, ") * 400
@@ -118,12 +118,7 @@ def main() -> None:
             rows.append(dict(date=datetime.datetime.now().isoformat(timespec="seconds"), commit=commit(),
                              model=Path(eng.weights.metadata["path"]).name, threads=eng.threads, **r))
             print(", ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
-    new = not out.exists()
-    with out.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        if new:
-            w.writeheader()
-        w.writerows(rows)
+    append_rows(out, rows)
     print(json.dumps({"checkpoint_io": rows}))
 
 

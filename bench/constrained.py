@@ -24,7 +24,6 @@ python bench/constrained.py [--model smollm2] [--threads 2] [--requests 8] [--ma
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import subprocess
@@ -37,6 +36,7 @@ from zen5.chat_types import ChatRequest, Finish, Message, ToolSpec
 from zen5.engine import Engine
 from zen5.sampling import SamplingParams
 from zen5.session import ChatSession
+from results_log import append_rows
 
 WEATHER = ToolSpec("get_weather", "Get the weather forecast for a city", {
     "type": "object",
@@ -139,12 +139,7 @@ def main() -> None:
                          mask="sync" if a.sync else "background", **row))
         print(rows[-1], flush=True)
     out = Path(__file__).parent / "results" / "constrained.csv"
-    new = not out.exists()
-    with out.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        if new:
-            w.writeheader()
-        w.writerows(rows)
+    append_rows(out, rows)
     total_c = sum(r["tokens_constrained"] / r["tps_constrained"] for r in rows)
     total_u = sum(r["tokens_unconstrained"] / r["tps_unconstrained"] for r in rows)
     overall = (sum(r["tokens_constrained"] for r in rows) / total_c) / \

@@ -8,7 +8,6 @@ JSON. Usage: python bench/quick.py [--model smollm2] [--repeat 3] [--isa avx512|
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import platform
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from zen5.engine import Engine
+from results_log import append_rows
 
 TEXT = ("The history of computing is a story of abstractions layered on top of one another. "
         "Each generation of engineers hides the details of the previous one, ") * 64
@@ -80,12 +80,7 @@ def main() -> None:
                 decode_tps=round(statistics.median(r[1] for r in runs), 1),
                 steal_ticks=steal() - st0))
             print(rows[-1])
-    new = not out.exists()
-    with out.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        if new:
-            w.writeheader()
-        w.writerows(rows)
+    append_rows(out, rows)
     print(json.dumps({f"{r['threads']}t_pp{r['prompt_tokens']}": [r["prefill_tps"], r["decode_tps"]] for r in rows}))
 
 
