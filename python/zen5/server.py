@@ -78,7 +78,7 @@ class Cancelled(Exception):
 class ServingEngine(Engine):
     """An Engine whose evaluations check the running job's cancel flag, and whose long prefills
     run in chunks (the KV cache makes chunked prefill bit-identical to one batch) with a
-    progress line in the server log."""
+    progress line in the server log every 2 s and a summary line at the end."""
     PREFILL_CHUNK = 256
     job: "Job | None" = None
 
@@ -99,6 +99,9 @@ class ServingEngine(Engine):
                 log.info("%s: prefill %d/%d tokens (%.0f tok/s)", job.request_id, done, len(tokens),
                          done / (now - t0))
                 last = now
+        took = time.perf_counter() - t0
+        log.info("%s: prefill %d tokens done in %.2f s (%.0f tok/s)", job.request_id, len(tokens), took,
+                 len(tokens) / took)
 
 
 # ---- metrics ---------------------------------------------------------------------------------
@@ -292,15 +295,21 @@ class Worker:
         return None
 
     def _relay(self, job: Job, events: Iterator) -> None:
-        reply, cancelled, usage = job.new_reply(), False, None
+        reply, cancelled, usage, final = job.new_reply(), False, None, None
         job.reply = reply
         try:
             for ev in events:
                 if job.cancel.is_set():
                     raise Cancelled()
                 reply.add(ev)
-                job.put(ev)
-                usage = self._record(ev) or usage
+                recorded = self._record(ev)
+                if recorded is None:
+                    job.put(ev)
+                else:
+                    # The event that carries usage ends the client's stream: hold it until the
+                    # metrics and the trace are written, so a client that reads /metrics right
+                    # after its reply sees this request counted.
+                    usage, final = recorded, ev
         except Cancelled:
             cancelled = True
             self._count_cancel()
@@ -313,6 +322,8 @@ class Worker:
             log.exception("%s: generation failed", job.request_id)
             job.put(ApiError(500, f"internal error: {type(e).__name__}: {e}"))
         self._trace(job, reply, usage, cancelled)
+        if final is not None and not cancelled:
+            job.put(final)
         job.put(Done(reply, cancelled))
 
     def _record(self, ev) -> Usage | None:

@@ -10,9 +10,10 @@ from serverlib import start_server
 @pytest.fixture(scope="session")
 def smollm2_server(tmp_path_factory):
     """The default model, with a small context so over-long prompts are cheap to build, and
-    keep-alives every second so a test sees them during one long prefill."""
+    keep-alives every 0.25 s so a test sees them during one long prefill (about a second on a
+    quiet machine with the int8 path)."""
     srv = start_server("smollm2", tmp_path_factory.mktemp("server-smollm2"), "--ctx", "2048", "--threads", "2",
-                       "--keepalive", "1")
+                       "--keepalive", "0.25")
     yield srv
     srv.stop()
 
