@@ -146,6 +146,9 @@ def test_demand_of_reads_the_neutral_fields():
     assert (d.calls, [t.name for t in d.tools], d.parallel) == ("forced", ["move"], False)
     assert demand_of(ChatRequest(msgs, tools=(PATCH,))).calls == "auto"       # custom: constrained
     assert demand_of(ChatRequest(msgs, tools=TOOLS, tool_choice="none")).calls == "none"
+    one = demand_of(ChatRequest(msgs, tools=TOOLS, parallel_tool_calls=False))  # at most one call
+    assert (one.calls, one.parallel) == ("auto", False)
+    assert demand_of(ChatRequest(msgs, parallel_tool_calls=False)) is None       # no tools: no cost
     loose = demand_of(ChatRequest(msgs, response_format={"type": "json_schema", "schema": ANSWERS[0]}))
     assert loose.answer == {"type": "object"} and not loose.answer_strict   # strict not set
     for bad in ({"name": "nope"}, "sometimes"):
@@ -373,6 +376,7 @@ def test_constraint_errors_are_400(smol):
     msgs = (Message.text("user", "hi"),)
     bad = [dict(tools=TOOLS, tool_choice={"name": "nope"}), dict(tool_choice="required"),
            dict(tools=(ToolSpec("p", kind="custom", grammar="start: ("),), tool_choice="required"),
+           dict(tools=(ToolSpec("p", kind="custom", grammar='start: "a" ""'),), tool_choice="required"),
            dict(response_format={"type": "yaml"})]
     for kw in bad:
         with pytest.raises(ChatError) as e:

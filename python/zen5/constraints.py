@@ -75,12 +75,14 @@ class Demand:
 
 def demand_of(request: ChatRequest) -> Demand | None:
     """The request's structural demands, or None when it needs no constraint (tool_choice auto
-    with no custom or strict tools, no response_format, no thinking budget)."""
+    with parallel calls allowed and no custom or strict tools, no response_format, no thinking
+    budget)."""
     calls, tools = _calls_of(request.tool_choice, tuple(request.tools))
     answer, strict = _answer_schema(request.response_format)
     budget = request.thinking_budget
+    single = bool(tools) and not request.parallel_tool_calls   # "at most one call" under auto too
     if calls == "auto" and not any(t.kind == "custom" or t.strict for t in tools) \
-            and answer is None and budget is None:
+            and not single and answer is None and budget is None:
         return None
     if calls == "auto" and not tools:
         calls = "none"

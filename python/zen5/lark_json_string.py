@@ -260,9 +260,14 @@ def json_string_grammar(grammar: str) -> str:
     """The llguidance Lark grammar of the JSON string bodies (no quotes) whose decoded text is in
     the language of `grammar` (a standard Lark grammar with a `start` rule)."""
     loaded = _load(grammar)
-    if not loaded.ignore:  # %ignore acts between lexemes: it needs the rules kept
-        try:
-            return f"%llguidance {{}}\nstart: /{_Inline(loaded).symbol(False, 'start')}/"
-        except _Recursive:
-            pass
-    return _rules_grammar(loaded)
+    try:
+        if not loaded.ignore:  # %ignore acts between lexemes: it needs the rules kept
+            try:
+                return f"%llguidance {{}}\nstart: /{_Inline(loaded).symbol(False, 'start')}/"
+            except _Recursive:
+                pass
+        return _rules_grammar(loaded)
+    except GrammarError:
+        raise
+    except Exception as e:  # lark's own errors on reading a literal (e.g. an empty "")
+        raise GrammarError(f"cannot read the Lark grammar: {e}") from None
