@@ -381,6 +381,7 @@ def count_prompt_tokens(session, request) -> int:
     """Prompt tokens of a request as the model would read it, rendered canonically. (The session
     may render a replayed turn from the exact sampled bytes instead, which can differ by a few
     tokens; a count is an estimate in the API too.)"""
+    from zen5.session import prompt_response_format
     msgs = []
     for m in request.messages:
         texts = "".join(b.text for b in m.blocks if isinstance(b, TextBlock))
@@ -401,7 +402,8 @@ def count_prompt_tokens(session, request) -> int:
             msgs.append({"role": "user" if m.role == "tool" else m.role, "content": texts})
     thinking = "thinking" if session.dialect.name == "deepseek_v4" and request.thinking is not False else "chat"
     segments = session.dialect.render_segments(msgs, [t.openai() for t in request.tools] or None,
-                                               thinking_mode=thinking, reasoning_effort=request.reasoning_effort)
+                                               thinking_mode=thinking, reasoning_effort=request.reasoning_effort,
+                                               response_format=prompt_response_format(request))
     return len(session.engine.tokenizer.encode_segments(segments))
 
 

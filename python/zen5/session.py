@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -89,6 +89,18 @@ class _Plan:
     segments: list[d.Segment] | None = None   # disk rung: the prompt, to re-plan if it fails
 
 
+def prompt_response_format(request: ChatRequest) -> dict | None:
+    """The response format as a prompt states it (OpenAI Chat form, which DeepSeek V4 renders in
+    its system message; ChatML has no place for it): None for free text."""
+    fmt = request.response_format
+    if fmt is None or fmt.get("type") not in ("json_object", "json_schema"):
+        return None
+    if fmt["type"] == "json_object":
+        return {"type": "json_object"}
+    spec = {k: fmt[k] for k in ("name", "strict", "schema") if k in fmt}
+    return {"type": "json_schema", "json_schema": spec}
+
+
 class ChatSession:
     def __init__(self, engine: Engine, dialect: str | None = None, *,
                  state_dir: str | Path | None = None, tool_memory: ToolMemory | None = None,
@@ -132,6 +144,8 @@ class ChatSession:
         grammars, a thinking budget: constraints.py), or None."""
         tok = self.engine.tokenizer
         try:
+            if thinking_mode != "thinking" or self.dialect.name != "deepseek_v4":
+                request = replace(request, thinking_budget=None)  # no open reasoning to cap
             demand = demand_of(request)
             if demand is None:
                 return None
@@ -224,7 +238,8 @@ class ChatSession:
     def _render_segments(self, request: ChatRequest, messages: list[dict], thinking_mode: str):
         tools = [t.openai() for t in request.tools] or None
         return self.dialect.render_segments(messages, tools, thinking_mode=thinking_mode,
-                                            reasoning_effort=request.reasoning_effort)
+                                            reasoning_effort=request.reasoning_effort,
+                                            response_format=prompt_response_format(request))
 
     # ---- the cache ladder -------------------------------------------------------------------
     def _live_valid(self) -> bool:

@@ -534,23 +534,31 @@ def parse_message_from_completion_text(text: str, thinking_mode: str) -> dict:
 
 
 # ---- the Dialect ---------------------------------------------------------------------------
-def _attach_tools(messages: list[dict], tools: Optional[list[dict]]) -> list[dict]:
-    """Tools given beside the messages go on the first system message (created empty if none)."""
-    if not tools:
-        return messages
+def _attach_tools(messages: list[dict], tools: Optional[list[dict]],
+                  response_format: Optional[dict] = None) -> list[dict]:
+    """Tools and a response format given beside the messages go on the first system message
+    (created empty if none), where the official encoder renders them."""
+    for key, value in (("tools", tools), ("response_format", response_format)):
+        if value:
+            messages = _attach(messages, key, value)
+    return messages
+
+
+def _attach(messages: list[dict], key: str, value) -> list[dict]:
     messages = list(messages)
     for i, msg in enumerate(messages):
         if msg.get("role") == "system":
-            if msg.get("tools"):
-                raise ValueError("tools given twice: beside the messages and on the system message")
-            messages[i] = {**msg, "tools": tools}
+            if msg.get(key):
+                raise ValueError(f"{key} given twice: beside the messages and on the system message")
+            messages[i] = {**msg, key: value}
             return messages
-    return [{"role": "system", "content": "", "tools": tools}] + messages
+    return [{"role": "system", "content": "", key: value}] + messages
 
 
 class DeepSeekV4Dialect:
     """The `Dialect` of DeepSeek V4 (Flash and Pro). Rendering options are those of
-    `encode_messages` (thinking_mode defaults to "thinking"); options meant for other dialects
+    `encode_messages` (thinking_mode defaults to "thinking"), plus `response_format` (the
+    request's, in OpenAI Chat form) rendered on the system message like `tools`; options meant for other dialects
     (e.g. ChatML's add_generation_prompt) are accepted and ignored, so the session layer can
     pass one option set to any dialect."""
 
@@ -559,16 +567,18 @@ class DeepSeekV4Dialect:
     def render(self, messages: list[dict], tools: Optional[list[dict]] = None,
                thinking_mode: str = "thinking", drop_thinking: bool = True,
                reasoning_effort: Optional[str] = None, add_default_bos_token: bool = True,
-               context: Optional[list[dict]] = None, **_other_dialects_options) -> str:
-        return encode_messages(_attach_tools(messages, tools), thinking_mode, drop_thinking,
+               context: Optional[list[dict]] = None, response_format: Optional[dict] = None,
+               **_other_dialects_options) -> str:
+        return encode_messages(_attach_tools(messages, tools, response_format), thinking_mode, drop_thinking,
                                add_default_bos_token, reasoning_effort, context=context)
 
     def render_segments(self, messages: list[dict], tools: Optional[list[dict]] = None,
                         thinking_mode: str = "thinking", drop_thinking: bool = True,
                         reasoning_effort: Optional[str] = None,
                         add_default_bos_token: bool = True, context: Optional[list[dict]] = None,
+                        response_format: Optional[dict] = None,
                         **_other_dialects_options) -> list[Segment]:
-        return render_segments(_attach_tools(messages, tools), thinking_mode, drop_thinking,
+        return render_segments(_attach_tools(messages, tools, response_format), thinking_mode, drop_thinking,
                                add_default_bos_token, reasoning_effort, context=context)
 
     def parse(self, text: str, lenient: bool = False, thinking_mode: str = "thinking",
