@@ -9,6 +9,9 @@ one degrades that message, never the request), `redacted_thinking` for our encry
 Streams follow the documented event order: message_start, per block content_block_start /
 deltas / content_block_stop, message_delta (cumulative usage), message_stop; `ping` keeps a long
 prefill alive. Usage reports reused prompt tokens as `cache_read_input_tokens`.
+Constraints: `tool_choice` (`auto` / `any` / `tool` / `none`, `disable_parallel_tool_use`),
+tool `strict`, `output_config.format` ({"type": "json_schema", "schema"}: the answer is JSON that
+validates) and `thinking.budget_tokens` (a cap on open reasoning) map to the neutral fields.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from zen5.api import ApiContext, new_id, sampling, sse
 from zen5.api.conversations import Conversation, Reply
 from zen5.api.errors import ApiError, anthropic_body, bad_request
 from zen5.api.fields import (at, get_bool, get_int, get_list, get_num, get_obj, get_stop, get_str,
-                             obj, text_parts)
+                             obj, one_of, output_format, text_parts)
 from zen5.chat_types import (ChatRequest, Finish, Message, RedactedThinkingBlock, TextBlock,
                              TextDelta, ThinkingBlock, ThinkingDelta, ThinkingDone, ToolCallDelta,
                              ToolCallDone, ToolCallStart, ToolResultBlock, ToolSpec, ToolUseBlock)
@@ -56,10 +59,12 @@ def parse(body: dict, ctx: ApiContext, *, count_only: bool = False) -> Turn:
     if history[-1].role == "assistant":
         raise bad_request("messages: the last message is from the assistant (a prefill); this server "
                           "always starts a new assistant turn, so end with a user message", param="messages")
-    thinking, redact = _thinking(get_obj(body, "thinking"))
+    thinking, redact, budget = _thinking(get_obj(body, "thinking"))
+    choice, parallel = _tool_choice(get_obj(body, "tool_choice"))
     try:
         request = ChatRequest(
-            system + history, tools=tools, tool_choice=_tool_choice(get_obj(body, "tool_choice")),
+            system + history, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
+            response_format=_output_format(get_obj(body, "output_config")), thinking_budget=budget,
             sampling=sampling(get_num(body, "temperature", low=0, high=2), get_num(body, "top_p", low=0, high=1),
                               get_int(body, "top_k", minimum=0)),
             max_tokens=ctx.max_tokens(max_tokens), stop=get_stop(body, "stop_sequences"),
@@ -167,22 +172,39 @@ def _tools(items: list) -> tuple[ToolSpec, ...]:
             continue
         schema = get_obj(t, "input_schema", path, required=True)
         out.append(ToolSpec(get_str(t, "name", path, required=True),
-                            get_str(t, "description", path, default=""), schema))
+                            get_str(t, "description", path, default=""), schema,
+                            strict=get_bool(t, "strict", path)))
     return tuple(out)
 
 
-def _tool_choice(tc: dict):
-    kind = tc.get("type", "auto")
+def _tool_choice(tc: dict) -> tuple[str | dict, bool]:
+    """(neutral tool_choice, parallel calls allowed) from {"type": "auto" | "any" | "tool" |
+    "none", "name", "disable_parallel_tool_use"}."""
+    kind = one_of(get_str(tc, "type", "tool_choice", default="auto"), ("auto", "any", "tool", "none"),
+                  "tool_choice.type")
+    parallel = not get_bool(tc, "disable_parallel_tool_use", "tool_choice")
     if kind == "tool":
-        return {"name": get_str(tc, "name", "tool_choice", required=True)}
-    return {"any": "required", "none": "none"}.get(kind, "auto")
+        return {"name": get_str(tc, "name", "tool_choice", required=True)}, parallel
+    return {"any": "required", "none": "none", "auto": "auto"}[kind], parallel
 
 
-def _thinking(t: dict) -> tuple[bool | None, bool]:
-    """(thinking on/off/model default, return it redacted)."""
+def _output_format(config: dict) -> dict | None:
+    """`output_config.format`: {"type": "json_schema", "schema"}; the answer always follows the
+    schema (structured outputs are strict in this API). `output_config.effort` is ignored."""
+    if config.get("format") is None:
+        return None
+    fmt = get_obj(config, "format", "output_config")
+    return output_format(fmt, "output_config.format", strict_default=True, types=("json_schema",))
+
+
+def _thinking(t: dict) -> tuple[bool | None, bool, int | None]:
+    """(thinking on/off/model default, return it redacted, the reasoning token budget): the
+    budget is `budget_tokens` of {"type": "enabled"} (a cap the dialect enforces when it reasons
+    in the open, as DeepSeek V4 does)."""
     kind = t.get("type")
     on = {"enabled": True, "adaptive": True, "disabled": False}.get(kind)
-    return on, on is not False and t.get("display") == "omitted"
+    budget = get_int(t, "budget_tokens", "thinking", minimum=0) if kind == "enabled" else None
+    return on, on is not False and t.get("display") == "omitted", budget
 
 
 # ---- response --------------------------------------------------------------------------------

@@ -155,3 +155,38 @@ def arguments_text(value, path: str) -> str:
     if isinstance(value, dict):
         return json.dumps(value, ensure_ascii=False)
     raise _fail(path, "a JSON object or a string holding one", value)
+
+
+def one_of(value, choices: tuple[str, ...], path: str) -> str:
+    """A string that must be one of `choices` (a 400 listing them otherwise)."""
+    if not isinstance(value, str):
+        raise _fail(path, "a string", value)
+    if value not in choices:
+        names = (", ".join(repr(c) for c in choices[:-1]) + " or " if len(choices) > 1 else "") + repr(choices[-1])
+        raise bad_request(f"{path}: expected {names}, got {value!r}", param=path)
+    return value
+
+
+FORMAT_TYPES = ("text", "json_object", "json_schema")
+
+
+def output_format(fmt: dict, path: str, *, nested: str | None = None, strict_default: bool = False,
+                  types: tuple[str, ...] = FORMAT_TYPES) -> dict | None:
+    """A structured-output format (Chat `response_format`, Responses `text.format`, Anthropic
+    `output_config.format`) -> the neutral `ChatRequest.response_format`; None for plain text.
+    `nested` names the object that holds name/schema/strict (Chat's `json_schema`); the other
+    protocols keep them beside `type`. The schema must be a JSON object; whether it compiles is
+    the session's question (a 400 too)."""
+    kind = one_of(get_str(fmt, "type", path, required=True), types, at(path, "type"))
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    spec, spath = (get_obj(fmt, nested, path, required=True), at(path, nested)) if nested else (fmt, path)
+    out = {"type": "json_schema", "schema": get_obj(spec, "schema", spath, required=True),
+           "strict": get_bool(spec, "strict", spath, default=strict_default)}
+    name = get_str(spec, "name", spath)
+    if name:
+        out["name"] = name
+    return out
+

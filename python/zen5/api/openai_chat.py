@@ -8,7 +8,9 @@ degrades to canonical rendering in the session. Streams are bare `data:` chunks 
 `data: [DONE]`: a role chunk, content / `reasoning_content` / tool-call fragments (the first per
 call carries id, type and name), a chunk with `finish_reason`, then with
 `stream_options.include_usage` a usage chunk with empty `choices`. Reused prompt tokens are
-reported as `usage.prompt_tokens_details.cached_tokens`.
+reported as `usage.prompt_tokens_details.cached_tokens`. `tool_choice`, `parallel_tool_calls`,
+`response_format` and function `strict` become the neutral constraint fields (constraints.py
+enforces them while decoding); a malformed value is a 400 naming the field.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from zen5.api import ApiContext, new_id, sampling, sse
 from zen5.api.conversations import Reply
 from zen5.api.errors import ApiError, bad_request, openai_body
 from zen5.api.fields import (arguments_text, at, get_bool, get_int, get_list, get_num, get_obj,
-                             get_stop, get_str, obj, text_parts)
+                             get_stop, get_str, obj, one_of, output_format, text_parts)
 from zen5.chat_types import (ChatRequest, Finish, Message, TextBlock, TextDelta, ThinkingBlock,
                              ThinkingDelta, ToolCallDelta, ToolCallStart,
                              ToolResultBlock, ToolSpec, ToolUseBlock)
@@ -59,7 +61,9 @@ def parse(body: dict, ctx: ApiContext) -> Turn:
         thinking = False
     try:
         request = ChatRequest(
-            messages, tools=_tools(get_list(body, "tools")), tool_choice=_tool_choice(body.get("tool_choice")),
+            messages, tools=_tools(get_list(body, "tools")), tool_choice=_tool_choice(body),
+            parallel_tool_calls=get_bool(body, "parallel_tool_calls", default=True),
+            response_format=_response_format(body),
             sampling=sampling(get_num(body, "temperature", low=0, high=2), get_num(body, "top_p", low=0, high=1),
                               None, get_int(body, "seed")),
             max_tokens=ctx.max_tokens(max_tokens), stop=get_stop(body, "stop"),
@@ -112,19 +116,36 @@ def _tools(items: list) -> tuple[ToolSpec, ...]:
         t, path = obj(item, at("tools", i)), at("tools", i)
         if t.get("type", "function") != "function":
             continue  # custom / built-in tools: nothing this server can offer the model
-        fn = get_obj(t, "function", path, required=True)
-        params = get_obj(fn, "parameters", f"{path}.function") or {"type": "object", "properties": {}}
-        out.append(ToolSpec(get_str(fn, "name", f"{path}.function", required=True),
-                            get_str(fn, "description", f"{path}.function", default=""), params))
+        fn, fpath = get_obj(t, "function", path, required=True), f"{path}.function"
+        params = get_obj(fn, "parameters", fpath) or {"type": "object", "properties": {}}
+        out.append(ToolSpec(get_str(fn, "name", fpath, required=True), get_str(fn, "description", fpath, default=""),
+                            params, strict=get_bool(fn, "strict", fpath)))
     return tuple(out)
 
 
-def _tool_choice(tc):
+def _tool_choice(body: dict):
+    """tool_choice: "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}."""
+    tc = body.get("tool_choice")
+    if tc is None:
+        return "auto"
     if isinstance(tc, str):
-        return tc if tc in ("none", "auto", "required") else "auto"
-    if isinstance(tc, dict) and isinstance(tc.get("function"), dict) and tc["function"].get("name"):
-        return {"name": str(tc["function"]["name"])}
-    return "auto"
+        return one_of(tc, ("none", "auto", "required"), "tool_choice")
+    tc = obj(tc, "tool_choice")
+    kind = get_str(tc, "type", "tool_choice", default="function")
+    if kind != "function":
+        raise bad_request(f"tool_choice.type: {kind!r} is not supported; use \"none\", \"auto\", "
+                          "\"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                          param="tool_choice.type")
+    fn = get_obj(tc, "function", "tool_choice", required=True)
+    return {"name": get_str(fn, "name", "tool_choice.function", required=True)}
+
+
+def _response_format(body: dict) -> dict | None:
+    """`{"type": "text" | "json_object"}` or `{"type": "json_schema", "json_schema": {"name",
+    "schema", "strict"}}` (strict defaults to false, as upstream)."""
+    if body.get("response_format") is None:
+        return None
+    return output_format(get_obj(body, "response_format"), "response_format", nested="json_schema")
 
 
 # ---- response --------------------------------------------------------------------------------

@@ -10,10 +10,19 @@ else degrades to canonical rendering. `previous_response_id` continues a stored 
 not carry them over. Streams are named events with a `sequence_number`, one output item at a time
 (added, deltas, done), ending with `response.completed` (Codex retries a stream without it) or
 `response.incomplete` when the token limit cut the reply.
+
+Constraints: `tool_choice` ("none" | "auto" | "required" | {"type": "function" | "custom",
+"name"}), `parallel_tool_calls`, `text.format` (text | json_object | json_schema with name,
+schema, strict) and function `strict` map to the neutral fields; both are echoed as sent.
+Freeform `custom` tools (Codex's apply_patch) carry `format` {"type": "grammar", "syntax":
+"lark" | "regex", "definition"} or {"type": "text"}; their calls come back as `custom_tool_call`
+items (`input`, not `arguments`), streamed as `response.custom_tool_call_input.delta` / `.done`,
+and a client replays them with `custom_tool_call_output`.
 """
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -21,7 +30,7 @@ from zen5.api import ApiContext, new_id, sampling, sse
 from zen5.api.conversations import Conversation, Reply
 from zen5.api.errors import ApiError, bad_request
 from zen5.api.fields import (arguments_text, at, get_bool, get_int, get_list, get_num, get_obj,
-                             get_str, obj, text_parts)
+                             get_str, obj, one_of, output_format, text_parts)
 from zen5.chat_types import (ChatRequest, Finish, Message, RedactedThinkingBlock, TextDelta,
                              ThinkingBlock, ThinkingDelta, ThinkingDone, ToolCallDelta,
                              ToolCallDone, ToolCallStart, ToolResultBlock, ToolSpec, ToolUseBlock)
@@ -65,9 +74,13 @@ def parse(body: dict, ctx: ApiContext) -> Turn:
     reasoning = get_obj(body, "reasoning")
     effort = get_str(reasoning, "effort", "reasoning")
     tools_wire = get_list(body, "tools")
+    parallel = get_bool(body, "parallel_tool_calls", default=True)
+    text = get_obj(body, "text")
+    fmt = get_obj(text, "format", "text") if text.get("format") is not None else {"type": "text"}
     try:
         request = ChatRequest(
             system + history, tools=_tools(tools_wire), tool_choice=_tool_choice(body.get("tool_choice")),
+            parallel_tool_calls=parallel, response_format=output_format(fmt, "text.format"),
             sampling=sampling(get_num(body, "temperature", low=0, high=2), get_num(body, "top_p", low=0, high=1)),
             max_tokens=ctx.max_tokens(get_int(body, "max_output_tokens", minimum=1)),
             thinking=False if effort in ("none", "minimal") else None,
@@ -79,6 +92,7 @@ def parse(body: dict, ctx: ApiContext) -> Turn:
             "tool_choice": body.get("tool_choice", "auto"), "temperature": body.get("temperature"),
             "top_p": body.get("top_p"), "max_output_tokens": body.get("max_output_tokens"),
             "reasoning": {"effort": effort, "summary": reasoning.get("summary")},
+            "parallel_tool_calls": parallel, "text": {**text, "format": fmt},
             "metadata": body.get("metadata") or {}}
     return Turn(new_id("resp_"), model, get_bool(body, "stream"), request, history,
                 get_bool(body, "store", default=True), echo)
@@ -100,12 +114,14 @@ def _item(it: dict, path: str, ctx: ApiContext) -> Message:
             raise bad_request(f"{path}.role: expected user, assistant, system or developer, got {role!r}",
                               param=f"{path}.role")
         return Message.text(role, _content_text(it.get("content"), f"{path}.content"))
-    if kind in ("function_call", "custom_tool_call"):
-        call_id = get_str(it, "call_id", path, required=True)
-        name = get_str(it, "name", path, required=True)
-        args = (arguments_text(it.get("arguments", "{}"), f"{path}.arguments") if kind == "function_call"
-                else json.dumps({"input": get_str(it, "input", path, default="")}, ensure_ascii=False))
-        return Message("assistant", (ToolUseBlock(call_id, name, args),))
+    if kind == "function_call":
+        return Message("assistant", (ToolUseBlock(get_str(it, "call_id", path, required=True),
+                                                  get_str(it, "name", path, required=True),
+                                                  arguments_text(it.get("arguments", "{}"), f"{path}.arguments")),))
+    if kind == "custom_tool_call":
+        return Message("assistant", (ToolUseBlock.from_custom_input(get_str(it, "call_id", path, required=True),
+                                                                    get_str(it, "name", path, required=True),
+                                                                    get_str(it, "input", path, default="")),))
     if kind in ("function_call_output", "custom_tool_call_output"):
         return Message("tool", (ToolResultBlock(get_str(it, "call_id", path, required=True),
                                                 _content_text(it.get("output", ""), f"{path}.output")),))
@@ -133,28 +149,50 @@ def _reasoning(it: dict, path: str, ctx: ApiContext):
     return ThinkingBlock(text, ctx.reasoning.signature_for(text))
 
 
-def _tools(items: list) -> tuple[ToolSpec, ...]:
-    """Flat function tools; a `namespace` contributes its function tools; built-in and freeform
-    (`custom`) tools are not offered to the model."""
+def _tools(items: list, path: str = "tools") -> tuple[ToolSpec, ...]:
+    """Flat function tools (`strict` honoured) and freeform `custom` tools (Codex's apply_patch:
+    `format` {"type": "text"} or {"type": "grammar", "syntax": "lark" | "regex", "definition"});
+    a `namespace` contributes its tools; built-in tools are not offered to the model."""
     out = []
     for i, item in enumerate(items):
-        t, path = obj(item, at("tools", i)), at("tools", i)
+        t, tpath = obj(item, at(path, i)), at(path, i)
         kind = t.get("type", "function")
         if kind == "namespace":
-            out.extend(_tools([x for x in get_list(t, "tools", path) if isinstance(x, dict)]))
+            out.extend(_tools([x for x in get_list(t, "tools", tpath) if isinstance(x, dict)], f"{tpath}.tools"))
         elif kind == "function":
-            params = get_obj(t, "parameters", path) or {"type": "object", "properties": {}}
-            out.append(ToolSpec(get_str(t, "name", path, required=True),
-                                get_str(t, "description", path, default=""), params))
+            params = get_obj(t, "parameters", tpath) or {"type": "object", "properties": {}}
+            out.append(ToolSpec(get_str(t, "name", tpath, required=True),
+                                get_str(t, "description", tpath, default=""), params,
+                                strict=get_bool(t, "strict", tpath)))
+        elif kind == "custom":
+            out.append(_custom_tool(t, tpath))
     return tuple(out)
 
 
+def _custom_tool(t: dict, path: str) -> ToolSpec:
+    name, about = get_str(t, "name", path, required=True), get_str(t, "description", path, default="")
+    fmt = get_obj(t, "format", path)
+    kind = one_of(get_str(fmt, "type", f"{path}.format", default="text"), ("text", "grammar"), f"{path}.format.type")
+    if kind == "text":
+        return ToolSpec(name, about, kind="custom")
+    syntax = one_of(get_str(fmt, "syntax", f"{path}.format", required=True), ("lark", "regex"),
+                    f"{path}.format.syntax")
+    return ToolSpec(name, about, kind="custom", grammar=get_str(fmt, "definition", f"{path}.format", required=True),
+                    grammar_syntax=syntax)
+
+
 def _tool_choice(tc):
+    """tool_choice: "none" | "auto" | "required" | {"type": "function" | "custom", "name": ...}."""
+    if tc is None:
+        return "auto"
     if isinstance(tc, str):
-        return tc if tc in ("none", "auto", "required") else "auto"
-    if isinstance(tc, dict) and tc.get("type") == "function" and tc.get("name"):
-        return {"name": str(tc["name"])}
-    return "auto"
+        return one_of(tc, ("none", "auto", "required"), "tool_choice")
+    tc = obj(tc, "tool_choice")
+    kind = get_str(tc, "type", "tool_choice", required=True)
+    if kind not in ("function", "custom"):
+        raise bad_request(f"tool_choice.type: {kind!r} is not supported; use \"none\", \"auto\", \"required\" "
+                          "or {\"type\": \"function\" | \"custom\", \"name\": ...}", param="tool_choice.type")
+    return {"name": get_str(tc, "name", "tool_choice", required=True)}
 
 
 # ---- response --------------------------------------------------------------------------------
@@ -171,8 +209,7 @@ def _response(turn: Turn, output: list, finish: Finish | None, status: str) -> d
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
     return {"id": turn.id, "object": "response", "created_at": turn.created_at, "status": status,
             "model": turn.model, "output": output, "usage": usage(finish), "error": None,
-            "incomplete_details": incomplete, "parallel_tool_calls": True, "store": turn.store,
-            "text": {"format": {"type": "text"}}, "truncation": "disabled", **turn.echo}
+            "incomplete_details": incomplete, "store": turn.store, "truncation": "disabled", **turn.echo}
 
 
 def _status(finish: Finish | None) -> str:
@@ -197,6 +234,17 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: st
             "arguments": arguments, "status": status}
 
 
+def _custom_item(item_id: str, call_id: str, name: str, input: str, status: str = "completed") -> dict:
+    return {"type": "custom_tool_call", "id": item_id, "call_id": call_id, "name": name, "input": input,
+            "status": status}
+
+
+def _done_item(done: ToolCallDone) -> dict:
+    if done.kind == "custom":
+        return _custom_item(new_id("ctc_"), done.id, done.name, done.input or "")
+    return _call_item(new_id("fc_"), done.id, done.name, done.arguments)
+
+
 def body(turn: Turn, reply: Reply, ctx: ApiContext) -> dict:
     output = []
     for p in reply.parts:
@@ -205,7 +253,7 @@ def body(turn: Turn, reply: Reply, ctx: ApiContext) -> dict:
         elif isinstance(p, ThinkingDone):
             output.append(_reasoning_item(new_id("rs_"), p))
         else:
-            output.append(_call_item(new_id("fc_"), p.id, p.name, p.arguments))
+            output.append(_done_item(p))
     return _response(turn, output, reply.finish, _status(reply.finish))
 
 
@@ -226,6 +274,7 @@ class Stream:
         self.output: list[dict] = []
         self.item: dict | None = None          # the open item (its final form so far)
         self.text = ""                         # text of the open message / reasoning summary
+        self.custom: _InputStream | None = None  # the open custom tool call's input decoder
 
     def _ev(self, kind: str, **data) -> str:
         self.seq += 1
@@ -262,12 +311,18 @@ class Stream:
                             logprobs=[])
             out += self._ev("response.content_part.done", **self._where(), content_index=0, part=part)
             item = _message_item(item["id"], self.text)
-        elif item["type"] == "function_call":
+        elif item["type"] in ("function_call", "custom_tool_call"):
             item = {**item, "status": status}
         out += self._ev("response.output_item.done", output_index=len(self.output), item=item)
         self.output.append(item)
         self.item = None
         return out
+
+    def _input_delta(self, text: str) -> str:
+        if not text:
+            return ""
+        self.item["input"] += text
+        return self._ev("response.custom_tool_call_input.delta", **self._where(), delta=text)
 
     def _thinking(self, ev) -> str:
         out = "" if self.item is not None and self.item["type"] == "reasoning" else self._open(
@@ -303,10 +358,21 @@ class Stream:
             return out + self._ev("response.output_text.delta", **self._where(), content_index=0,
                                   delta=ev.text, logprobs=[])
         if isinstance(ev, ToolCallStart):
+            if ev.kind == "custom":
+                self.custom = _InputStream()
+                return self._open(_custom_item(new_id("ctc_"), ev.id, ev.name, "", "in_progress"))
             return self._open(_call_item(new_id("fc_"), ev.id, ev.name, "", "in_progress"))
+        if isinstance(ev, ToolCallDelta) and self.item["type"] == "custom_tool_call":
+            return self._input_delta(self.custom.feed(ev.fragment))
         if isinstance(ev, ToolCallDelta):
             self.item["arguments"] += ev.fragment
             return self._ev("response.function_call_arguments.delta", **self._where(), delta=ev.fragment)
+        if isinstance(ev, ToolCallDone) and self.item["type"] == "custom_tool_call":
+            final = ev.input or ""
+            out = self._input_delta(final[len(self.item["input"]):]) if final.startswith(self.item["input"]) else ""
+            self.item = {**self.item, "input": final}
+            out += self._ev("response.custom_tool_call_input.done", **self._where(), input=final)
+            return out + self._close()
         if isinstance(ev, ToolCallDone):
             self.item = {**self.item, "arguments": ev.arguments}
             out = self._ev("response.function_call_arguments.done", **self._where(), arguments=ev.arguments)
@@ -317,3 +383,58 @@ class Stream:
             kind = "response.completed" if status == "completed" else "response.incomplete"
             return out + self._ev(kind, response=_response(self.turn, self.output, ev, status))
         return ""
+
+
+_LENIENT = json.JSONDecoder(strict=False)   # raw control characters in a string are tolerated
+_INPUT_HEAD = re.compile(r'\s*\{\s*"input"\s*:\s*"')
+
+
+class _InputStream:
+    """A custom tool call's input as it streams. The session streams the call's arguments, the
+    JSON text of {"input": "..."}, in fragments; `feed` returns the newly decodable part of the
+    string: up to the closing quote, never ending inside an escape or a surrogate pair. Text it
+    cannot follow yields nothing; `response.custom_tool_call_input.done` carries the whole input."""
+
+    def __init__(self):
+        self.raw = ""
+        self.pos: int | None = None            # where the undecoded rest of the string begins
+        self.closed = False
+
+    def feed(self, fragment: str) -> str:
+        self.raw += fragment
+        if self.pos is None:
+            m = _INPUT_HEAD.match(self.raw)
+            if m is None:
+                return ""
+            self.pos = m.end()
+        if self.closed:
+            return ""
+        raw, i, n = self.raw, self.pos, len(self.raw)
+        while i < n:
+            c = raw[i]
+            if c == '"':
+                self.closed = True
+                break
+            if c != "\\":
+                i += 1
+                continue
+            if i + 1 >= n:
+                break
+            if raw[i + 1] != "u":
+                i += 2
+                continue
+            if i + 6 > n:
+                break
+            width = 6
+            if raw[i + 2] in "dD" and raw[i + 3] in "89abAB":   # a high surrogate: take its pair
+                width = 12
+                if i + 12 > n:
+                    break
+            i += width
+        try:
+            text = _LENIENT.decode('"' + raw[self.pos:i] + '"')
+        except ValueError:
+            self.closed = True
+            return ""
+        self.pos = i
+        return text

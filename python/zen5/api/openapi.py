@@ -19,6 +19,11 @@ def _content(block_schema: dict) -> dict:
     return {"anyOf": [_STR, {"type": "array", "items": block_schema}]}
 
 
+# structured outputs: a JSON Schema the answer must follow (compiled by the session; 400 if it cannot be)
+_SCHEMA_FIELDS = {"name": _STR, "schema": _OBJ, "strict": _BOOL}
+_OPENAI_FORMAT = {"type": "object", "required": ["type"], "properties": {
+    "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]}}}
+
 _ANTHROPIC_BLOCK = {"type": "object", "required": ["type"], "properties": {
     "type": {"type": "string", "enum": ["text", "tool_use", "tool_result", "thinking", "redacted_thinking"]},
     "text": _STR, "id": _STR, "name": _STR, "input": _OBJ, "tool_use_id": _STR,
@@ -31,9 +36,13 @@ _ANTHROPIC_COMMON = {
         "content": _content(_ANTHROPIC_BLOCK)}}},
     "system": _content(_TEXT_PART),
     "tools": {"type": "array", "items": {"type": "object", "required": ["name", "input_schema"], "properties": {
-        "name": _STR, "description": _STR, "input_schema": _OBJ}}},
+        "name": _STR, "description": _STR, "input_schema": _OBJ, "strict": _BOOL}}},
     "tool_choice": {"type": "object", "properties": {
-        "type": {"type": "string", "enum": ["auto", "any", "tool", "none"]}, "name": _STR}},
+        "type": {"type": "string", "enum": ["auto", "any", "tool", "none"]}, "name": _STR,
+        "disable_parallel_tool_use": _BOOL}},
+    "output_config": {"type": "object", "properties": {"effort": _STR, "format": {
+        "type": "object", "required": ["type", "schema"], "properties": {
+            "type": {"type": "string", "enum": ["json_schema"]}, "schema": _OBJ}}}},
     "thinking": {"type": "object", "properties": {
         "type": {"type": "string", "enum": ["enabled", "adaptive", "disabled"]}, "budget_tokens": _INT1,
         "display": {"type": "string", "enum": ["summarized", "omitted"]}}},
@@ -65,8 +74,12 @@ _CHAT = {"type": "object", "required": ["model", "messages"], "properties": {
     "tools": {"type": "array", "items": {"type": "object", "required": ["type", "function"], "properties": {
         "type": {"type": "string", "enum": ["function"]},
         "function": {"type": "object", "required": ["name"], "properties": {
-            "name": _STR, "description": _STR, "parameters": _OBJ}}}}},
+            "name": _STR, "description": _STR, "parameters": _OBJ, "strict": _BOOL}}}}},
     "tool_choice": {"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]}, _OBJ]},
+    "parallel_tool_calls": _BOOL,
+    "response_format": {**_OPENAI_FORMAT, "properties": {
+        **_OPENAI_FORMAT["properties"], "json_schema": {"type": "object", "required": ["schema"],
+                                                        "properties": _SCHEMA_FIELDS}}},
     "max_tokens": _INT1, "max_completion_tokens": _INT1, "n": {"type": "integer", "minimum": 1, "maximum": 1},
     "seed": {"type": "integer"}, "stop": {"anyOf": [_STR, {"type": "array", "items": _STR}]},
     "reasoning_effort": _STR, **_OPENAI_SAMPLING}}
@@ -78,20 +91,28 @@ _COMPLETIONS = {"type": "object", "required": ["model", "prompt"], "properties":
     "seed": {"type": "integer"}, "stop": {"anyOf": [_STR, {"type": "array", "items": _STR}]}, **_OPENAI_SAMPLING}}
 
 _RESPONSE_ITEM = {"type": "object", "properties": {
-    "type": {"type": "string", "enum": ["message", "function_call", "function_call_output", "reasoning"]},
+    "type": {"type": "string", "enum": ["message", "function_call", "function_call_output", "custom_tool_call",
+                                        "custom_tool_call_output", "reasoning"]},
     "role": {"type": "string", "enum": ["user", "assistant", "system", "developer"]},
     "content": {"anyOf": [_STR, {"type": "array", "items": {"type": "object", "required": ["type", "text"],
                                                              "properties": {"type": {"type": "string", "enum": [
                                                                  "input_text", "output_text"]}, "text": _STR}}}]},
-    "call_id": _STR, "name": _STR, "arguments": _STR, "output": _STR, "encrypted_content": _STR}}
+    "call_id": _STR, "name": _STR, "arguments": _STR, "input": _STR, "output": _STR, "encrypted_content": _STR}}
 
 _RESPONSES = {"type": "object", "required": ["model", "input"], "properties": {
     "model": _STR, "input": {"anyOf": [_STR, {"type": "array", "items": _RESPONSE_ITEM}]},
     "instructions": _STR, "previous_response_id": _STR, "store": _BOOL,
     "include": {"type": "array", "items": {"type": "string", "enum": ["reasoning.encrypted_content"]}},
     "tools": {"type": "array", "items": {"type": "object", "required": ["type", "name"], "properties": {
-        "type": {"type": "string", "enum": ["function"]}, "name": _STR, "description": _STR, "parameters": _OBJ}}},
+        "type": {"type": "string", "enum": ["function", "custom"]}, "name": _STR, "description": _STR,
+        "parameters": _OBJ, "strict": _BOOL,
+        "format": {"type": "object", "required": ["type"], "properties": {   # custom tools
+            "type": {"type": "string", "enum": ["text", "grammar"]},
+            "syntax": {"type": "string", "enum": ["lark", "regex"]}, "definition": _STR}}}}},
     "tool_choice": {"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]}, _OBJ]},
+    "parallel_tool_calls": _BOOL,
+    "text": {"type": "object", "properties": {"format": {**_OPENAI_FORMAT, "properties": {
+        **_OPENAI_FORMAT["properties"], **_SCHEMA_FIELDS}}}},
     "max_output_tokens": _INT1, "reasoning": {"type": "object", "properties": {"effort": _STR, "summary": _STR}},
     **_OPENAI_SAMPLING}}
 
