@@ -114,11 +114,12 @@ void register_kernels(py::module_& m) {
         kernels_for(isa).rmsnorm(x.data(), w.data(), x.size(), eps, out.mutable_data());
         return out;
     });
+    // q: (hd,) or (nq, hd); k: (n, stride >= hd). Scores: (n,) or (nq, n).
     m.def("kernel_attn_scores", [](const std::string& isa, F32Array q, F32Array k, int hd, float scale) {
-        if (k.ndim() != 2 || k.shape(1) < hd || q.size() < hd) throw ZenError("k must be (n, stride >= hd)");
-        const int n = int(k.shape(0));
-        py::array_t<float> out(n);
-        kernels_for(isa).attn_scores(q.data(), k.data(), k.shape(1), n, hd, scale, out.mutable_data());
+        if (k.ndim() != 2 || k.shape(1) < hd || q.size() % hd || q.size() == 0) throw ZenError("k must be (n, stride >= hd), q (nq, hd)");
+        const int n = int(k.shape(0)), nq = int(q.size() / hd);
+        py::array_t<float> out(q.ndim() == 1 ? std::vector<py::ssize_t>{n} : std::vector<py::ssize_t>{nq, n});
+        kernels_for(isa).attn_scores(q.data(), nq, k.data(), k.shape(1), n, hd, scale, out.mutable_data(), n);
         return out;
     });
     m.def("kernel_to_f16", [](const std::string& isa, F32Array x) {
@@ -127,29 +128,37 @@ void register_kernels(py::module_& m) {
         return out;
     });
     m.def("kernel_attn_scores_h", [](const std::string& isa, F32Array q, py::array_t<uint16_t, py::array::c_style> k, int hd, float scale) {
-        if (k.ndim() != 2 || k.shape(1) < hd || q.size() < hd) throw ZenError("k must be (n, stride >= hd)");
-        py::array_t<float> out(k.shape(0));
-        kernels_for(isa).attn_scores_h(q.data(), k.data(), k.shape(1), int(k.shape(0)), hd, scale, out.mutable_data());
+        if (k.ndim() != 2 || k.shape(1) < hd || q.size() % hd || q.size() == 0) throw ZenError("k must be (n, stride >= hd), q (nq, hd)");
+        const int n = int(k.shape(0)), nq = int(q.size() / hd);
+        py::array_t<float> out(q.ndim() == 1 ? std::vector<py::ssize_t>{n} : std::vector<py::ssize_t>{nq, n});
+        kernels_for(isa).attn_scores_h(q.data(), nq, k.data(), k.shape(1), n, hd, scale, out.mutable_data(), n);
         return out;
     });
+    // p: (n,) or (nq, n); v: (n, stride >= hd). Output: (hd,) or (nq, hd), from zero.
     m.def("kernel_attn_values_h", [](const std::string& isa, F32Array p, py::array_t<uint16_t, py::array::c_style> v, int hd) {
-        if (v.ndim() != 2 || v.shape(1) < hd || v.shape(0) != p.size()) throw ZenError("v must be (n, stride >= hd)");
-        py::array_t<float> out(hd);
-        std::fill(out.mutable_data(), out.mutable_data() + hd, 0.0f);
-        kernels_for(isa).attn_values_h(p.data(), v.data(), v.shape(1), int(p.size()), hd, out.mutable_data());
+        const int n = int(v.shape(0)), nq = n ? int(p.size() / n) : 0;
+        if (v.ndim() != 2 || v.shape(1) < hd || n == 0 || p.size() != py::ssize_t(nq) * n) throw ZenError("v must be (n, stride >= hd), p (nq, n)");
+        py::array_t<float> out(p.ndim() == 1 ? std::vector<py::ssize_t>{hd} : std::vector<py::ssize_t>{nq, hd});
+        std::fill(out.mutable_data(), out.mutable_data() + out.size(), 0.0f);
+        kernels_for(isa).attn_values_h(p.data(), n, nq, v.data(), v.shape(1), n, hd, out.mutable_data(), hd);
         return out;
     });
     m.def("kernel_softmax", [](const std::string& isa, F32Array x) {
         py::array_t<float> out(x.size());
         std::memcpy(out.mutable_data(), x.data(), x.size() * 4);
-        if (x.size()) kernels_for(isa).softmax(out.mutable_data(), int(x.size()));
+        float mx, *o = out.mutable_data();
+        if (x.size()) {
+            const float sum = kernels_for(isa).softmax_partial(o, int(x.size()), &mx);
+            for (py::ssize_t i = 0; i < x.size(); ++i) o[i] /= sum;  // normalized, for the tests
+        }
         return out;
     });
     m.def("kernel_attn_values", [](const std::string& isa, F32Array p, F32Array v, int hd) {
-        if (v.ndim() != 2 || v.shape(1) < hd || v.shape(0) != p.size()) throw ZenError("v must be (n, stride >= hd)");
-        py::array_t<float> out(hd);
-        std::fill(out.mutable_data(), out.mutable_data() + hd, 0.0f);
-        kernels_for(isa).attn_values(p.data(), v.data(), v.shape(1), int(p.size()), hd, out.mutable_data());
+        const int n = int(v.shape(0)), nq = n ? int(p.size() / n) : 0;
+        if (v.ndim() != 2 || v.shape(1) < hd || n == 0 || p.size() != py::ssize_t(nq) * n) throw ZenError("v must be (n, stride >= hd), p (nq, n)");
+        py::array_t<float> out(p.ndim() == 1 ? std::vector<py::ssize_t>{hd} : std::vector<py::ssize_t>{nq, hd});
+        std::fill(out.mutable_data(), out.mutable_data() + out.size(), 0.0f);
+        kernels_for(isa).attn_values(p.data(), n, nq, v.data(), v.shape(1), n, hd, out.mutable_data(), hd);
         return out;
     });
     m.def("kernel_swiglu", [](const std::string& isa, F32Array g, F32Array u) {

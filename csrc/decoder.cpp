@@ -37,8 +37,8 @@ Context::Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* k
     if (n_ctx <= 0) throw ZenError("n_ctx must be positive");
     kv_elem_ = int8_ ? 2 : 4;
     const size_t kv = size_t(c.n_layer) * n_ctx * c.kv_dim() * kv_elem_;
-    kcache_.assign(kv, 0);
-    vcache_.assign(kv, 0);
+    kcache_ = alloc_zeroed(kv);
+    vcache_ = alloc_zeroed(kv);
     x_.resize(size_t(kChunk) * c.n_embd);
     xb_.resize(size_t(kChunk) * std::max(c.n_embd, c.q_dim()));
     q_.resize(size_t(kChunk) * c.q_dim());
@@ -47,7 +47,9 @@ Context::Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* k
     vx_.resize(size_t(kChunk) * c.kv_dim());
     gate_.resize(size_t(kChunk) * c.n_ff);
     up_.resize(size_t(kChunk) * c.n_ff);
-    scores_.resize(size_t(model_->pool.size()) * kQB * n_ctx);
+    scores_.resize(size_t(model_->pool.size()) * std::max(kQB, c.n_head / c.n_head_kv) * kSplit);
+    part_.resize(size_t(kChunk) * c.n_head * ((n_ctx + kSplit - 1) / kSplit) * (c.head_dim + 2));
+    pending_.reset(new std::atomic<int>[size_t(c.n_head_kv) * kChunk]);  // units: at most one per (kv head, token)
     logits_.assign(c.vocab_size, 0.0f);
     const size_t max_cols = std::max({c.n_embd, c.q_dim(), c.n_ff});
     for (int i = 0; i < 3; ++i) {
@@ -146,47 +148,85 @@ void Context::apply_rope(float* v, int n_heads, int pos) const {
 
 void Context::attention(int layer, int n) {
     // Causal attention for the n new tokens at positions n_past_ .. n_past_+n-1 (whose k/v are
-    // already in the cache). At long context this is bound by reading K and V, not by math: a
-    // (token, head) pair alone would stream the whole K/V slice of its kv head from memory.
-    // So a task takes one kv head and up to kQB query vectors of it (the GQA group's heads x
-    // the chunk's tokens) and walks K and V in blocks of kPB positions, each block staying in
-    // L1 while every query of the task uses it. Per query the sums run in position order, so
-    // the result does not depend on the blocking (batch = token by token, bit for bit).
+    // already in the cache). At long context this is bound by reading K and V, not by math.
+    // A unit of work is one kv head and about kQB query vectors of it (whole GQA groups: every
+    // head of the group, for kQB / group of the chunk's tokens; the kernels score a group's
+    // queries together, loading each cache row once); the cache is cut into splits of kSplit positions, and a task is one
+    // (unit, split): it walks that split's K and V in blocks of kPB positions, each block staying
+    // in L1 while every query of the unit uses it, and leaves per query a partial softmax (max,
+    // sum of exp, unnormalized output). Splits let a single decoded token use every thread and
+    // keep the score rows in L2 at any context length. The task that finishes a unit's last
+    // split merges its partials in split order (flash-decoding). A query's arithmetic depends
+    // only on its own length, never on the batch or the thread that ran it, so a batch still
+    // equals the tokens one by one, bit for bit.
     const Config& c = model_->cfg;
     const int hd = c.head_dim, kvd = c.kv_dim(), group = c.n_head / c.n_head_kv;
+    const int n_splits_max = (n_ctx_ + kSplit - 1) / kSplit, pstride = hd + 2;
     const float scale = 1.0f / std::sqrt(float(hd));
     const bool h16 = kv_elem_ == 2;
     const void* K = kv_row<uint8_t>(kcache_, layer, 0);  // (n_ctx, kv_dim)
     const void* V = kv_row<uint8_t>(vcache_, layer, 0);
-    auto scores = [&](const float* q, size_t off, int cnt, float* out) {
-        if (h16) k_.attn_scores_h(q, static_cast<const uint16_t*>(K) + off, kvd, cnt, hd, scale, out);
-        else k_.attn_scores(q, static_cast<const float*>(K) + off, kvd, cnt, hd, scale, out);
+    const int tb = std::max(1, kQB / group), units_per_kv = (n + tb - 1) / tb, units = c.n_head_kv * units_per_kv;
+    const int64_t lds = kSplit, ldp = int64_t(n_splits_max) * pstride;  // score rows; partials of a group
+    auto scores = [&](const float* q, size_t off, int cnt, float* out) {  // the group's queries at once
+        if (h16) k_.attn_scores_h(q, group, static_cast<const uint16_t*>(K) + off, kvd, cnt, hd, scale, out, lds);
+        else k_.attn_scores(q, group, static_cast<const float*>(K) + off, kvd, cnt, hd, scale, out, lds);
     };
     auto values = [&](const float* p, size_t off, int cnt, float* out) {
-        if (h16) k_.attn_values_h(p, static_cast<const uint16_t*>(V) + off, kvd, cnt, hd, out);
-        else k_.attn_values(p, static_cast<const float*>(V) + off, kvd, cnt, hd, out);
+        if (h16) k_.attn_values_h(p, lds, group, static_cast<const uint16_t*>(V) + off, kvd, cnt, hd, out, ldp);
+        else k_.attn_values(p, lds, group, static_cast<const float*>(V) + off, kvd, cnt, hd, out, ldp);
     };
-    const int per_kv = n * group, blocks = (per_kv + kQB - 1) / kQB;
-    model_->pool.run(c.n_head_kv * blocks, [&](int task, int thread) {
-        const int kvh = task / blocks, i0 = (task % blocks) * kQB, i1 = std::min(per_kv, i0 + kQB);
-        float* S = scores_.data() + size_t(thread) * kQB * n_ctx_;  // (kQB, n_ctx)
-        auto len_of = [&](int i) { return n_past_ + i / group + 1; };
-        auto q_of = [&](int i) { return q_.data() + size_t(i / group) * c.q_dim() + (kvh * group + i % group) * hd; };
-        auto out_of = [&](int i) { return att_.data() + size_t(i / group) * c.q_dim() + (kvh * group + i % group) * hd; };
-        const int max_len = len_of(i1 - 1);
-        for (int p0 = 0; p0 < max_len; p0 += kPB)
-            for (int i = i0; i < i1; ++i) {
-                const int cnt = std::min(kPB, len_of(i) - p0);
-                if (cnt > 0) scores(q_of(i), size_t(p0) * kvd + kvh * hd, cnt, S + size_t(i - i0) * n_ctx_ + p0);
+    auto len_of = [&](int t) { return n_past_ + t + 1; };  // positions token t attends to
+    auto partial = [&](int vec, int split) { return part_.data() + (size_t(vec) * n_splits_max + split) * pstride; };
+    const int splits = (n_past_ + n + kSplit - 1) / kSplit;  // of the last token
+    for (int u = 0; u < units; ++u) {
+        const int t1 = std::min(n, (u % units_per_kv + 1) * tb);
+        pending_[u].store((len_of(t1 - 1) + kSplit - 1) / kSplit, std::memory_order_relaxed);
+    }
+    model_->pool.run(units * splits, [&](int task, int thread) {
+        const int u = task / splits, split = task % splits, kvh = u / units_per_kv;
+        const int t0 = (u % units_per_kv) * tb, t1 = std::min(n, t0 + tb);
+        const int c0 = split * kSplit, c1 = std::min(c0 + kSplit, len_of(t1 - 1));
+        if (c0 >= c1) return;  // no token of this unit reaches this split
+        auto vec_of = [&](int t) { return t * c.n_head + kvh * group; };  // the token's first query
+        float* S = scores_.data() + size_t(thread) * std::max(kQB, group) * kSplit;  // (tb x group, kSplit)
+        auto srow = [&](int t) { return S + size_t(t - t0) * group * kSplit; };
+        for (int p0 = c0; p0 < c1; p0 += kPB) {
+            for (int t = t0; t < t1; ++t) {
+                const int cnt = std::min({kPB, len_of(t) - p0, c1 - p0});
+                if (cnt > 0) scores(q_.data() + size_t(vec_of(t)) * hd, size_t(p0) * kvd + kvh * hd, cnt, srow(t) + (p0 - c0));
             }
-        for (int i = i0; i < i1; ++i) {
-            k_.softmax(S + size_t(i - i0) * n_ctx_, len_of(i));
-            std::memset(out_of(i), 0, sizeof(float) * hd);
         }
-        for (int p0 = 0; p0 < max_len; p0 += kPB)
-            for (int i = i0; i < i1; ++i) {
-                const int cnt = std::min(kPB, len_of(i) - p0);
-                if (cnt > 0) values(S + size_t(i - i0) * n_ctx_ + p0, size_t(p0) * kvd + kvh * hd, cnt, out_of(i));
+        for (int t = t0; t < t1; ++t) {
+            const int cnt = std::min(len_of(t), c1) - c0;
+            for (int g = 0; cnt > 0 && g < group; ++g) {
+                float* P = partial(vec_of(t) + g, split);
+                P[1] = k_.softmax_partial(srow(t) + size_t(g) * kSplit, cnt, &P[0]);
+                std::memset(P + 2, 0, sizeof(float) * hd);
+            }
+        }
+        for (int p0 = c0; p0 < c1; p0 += kPB)
+            for (int t = t0; t < t1; ++t) {
+                const int cnt = std::min({kPB, len_of(t) - p0, c1 - p0});
+                if (cnt > 0) values(srow(t) + (p0 - c0), size_t(p0) * kvd + kvh * hd, cnt, partial(vec_of(t), split) + 2);
+            }
+        if (pending_[u].fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+        for (int t = t0; t < t1; ++t)  // the unit's last split: merge in split order
+            for (int g = 0; g < group; ++g) {
+                const int v = vec_of(t) + g, ns = (len_of(t) + kSplit - 1) / kSplit;
+                float mx = partial(v, 0)[0];
+                for (int s = 1; s < ns; ++s) mx = std::max(mx, partial(v, s)[0]);
+                float* out = att_.data() + size_t(v) * hd;
+                std::memset(out, 0, sizeof(float) * hd);
+                float sum = 0.0f;
+                for (int s = 0; s < ns; ++s) {
+                    const float* P = partial(v, s);
+                    const float w = std::exp(P[0] - mx);
+                    sum += P[1] * w;
+                    k_.axpy(w, P + 2, out, hd);
+                }
+                const float inv = 1.0f / sum;
+                for (int d = 0; d < hd; ++d) out[d] *= inv;
             }
     });
 }
@@ -273,8 +313,8 @@ std::string Context::snapshot() const {
     out.append(reinterpret_cast<const char*>(&h), sizeof h);
     for (int l = 0; l < c.n_layer; ++l) {  // K rows then V rows, (n_past, kv_dim) each
         const size_t off = size_t(l) * n_ctx_ * c.kv_dim() * kv_elem_;
-        out.append(reinterpret_cast<const char*>(kcache_.data() + off), rows);
-        out.append(reinterpret_cast<const char*>(vcache_.data() + off), rows);
+        out.append(reinterpret_cast<const char*>(kcache_.get() + off), rows);
+        out.append(reinterpret_cast<const char*>(vcache_.get() + off), rows);
     }
     out.append(reinterpret_cast<const char*>(logits_.data()), logits_.size() * 4);
     const uint64_t sum = hash_bytes(out.data(), out.size(), 42);
@@ -312,8 +352,8 @@ void Context::restore(const std::string& blob) {
     const char* p = blob.data() + sizeof h;
     for (int l = 0; l < c.n_layer; ++l) {
         const size_t off = size_t(l) * n_ctx_ * c.kv_dim() * kv_elem_;
-        std::memcpy(kcache_.data() + off, p, rows), p += rows;
-        std::memcpy(vcache_.data() + off, p, rows), p += rows;
+        std::memcpy(kcache_.get() + off, p, rows), p += rows;
+        std::memcpy(vcache_.get() + off, p, rows), p += rows;
     }
     std::memcpy(logits_.data(), p, size_t(c.vocab_size) * 4);
     n_past_ = int(h.n_past);

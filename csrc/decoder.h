@@ -2,6 +2,7 @@
 // The cache is position-indexed, so rewinding is just forgetting rows (n_past = n), and a
 // snapshot is the rows themselves plus the last logits: restore is bit exact.
 #pragma once
+#include <atomic>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -38,6 +39,7 @@ class Context {
     static constexpr int kChunk = 64;  // tokens per prefill step (bounds the scratch buffers)
     static constexpr int kQB = 32;     // query vectors per attention task
     static constexpr int kPB = 64;     // cache positions per attention block (K/V block in L1)
+    static constexpr int kSplit = 256; // cache positions per attention split (a multiple of kPB)
 
   private:
     void forward_chunk(const int32_t* tokens, int n, float* all_logits);
@@ -55,14 +57,17 @@ class Context {
     bool int8_;
     // (n_layer, n_ctx, kv_dim) rows of fp32 (exact path) or fp16 (int8 path: half the memory
     // traffic of long-context attention and half the snapshot size)
-    std::vector<uint8_t> kcache_, vcache_;
+    AlignedBytes kcache_, vcache_;
     size_t kv_elem_;  // 4 or 2 bytes
-    template <typename T> T* kv_row(std::vector<uint8_t>& c, int layer, int pos) const {
-        return reinterpret_cast<T*>(c.data() + (size_t(layer) * n_ctx_ + pos) * model_->cfg.kv_dim() * kv_elem_);
+    template <typename T> T* kv_row(const AlignedBytes& c, int layer, int pos) const {
+        return reinterpret_cast<T*>(c.get() + (size_t(layer) * n_ctx_ + pos) * model_->cfg.kv_dim() * kv_elem_);
     }
     // scratch, (kChunk, width)
     std::vector<float> x_, xb_, q_, kx_, vx_, att_, gate_, up_;
-    std::vector<float> scores_;  // (threads, kQB, n_ctx)
+    std::vector<float> scores_;  // (threads, kQB, kSplit)
+    // attention partials per (query vector, split): max, sum of exp, unnormalized output (hd)
+    std::vector<float> part_;    // (kChunk * n_head, splits, hd + 2)
+    std::unique_ptr<std::atomic<int>[]> pending_;  // splits left per attention unit
     // activations quantized for the int8 matmuls: up to 3 distinct inputs per dispatch
     std::vector<int8_t> act_q_[3];   // (kChunk, max cols)
     std::vector<float> act_d_[3];    // (kChunk, max cols / 32)

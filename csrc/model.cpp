@@ -1,6 +1,10 @@
 #include "model.h"
 
+#include <algorithm>
 #include <cstring>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 
 namespace zen5 {
 
@@ -62,16 +66,27 @@ const float* Model::vector_f32(const std::map<std::string, const TensorIn*>& by_
     return reinterpret_cast<const float*>(t.data);
 }
 
+AlignedBytes alloc_zeroed(size_t bytes) {
+    constexpr size_t kHuge = size_t(2) << 20;
+    const size_t align = bytes >= kHuge ? kHuge : 64;
+    const size_t total = (std::max<size_t>(bytes, 1) + align - 1) / align * align;
+    uint8_t* p = static_cast<uint8_t*>(std::aligned_alloc(align, total));
+    if (!p) throw BadModel("out of memory allocating " + std::to_string(bytes) + " bytes");
+#ifdef __linux__
+    if (align == kHuge) madvise(p, total, MADV_HUGEPAGE);  // a hint: ignored where THP is off
+#endif
+    std::memset(p, 0, total);
+    return AlignedBytes(p);
+}
+
 bool pack_weights(const WeightView& w, PackedWeights& p, AlignedBytes& storage) {
     const size_t payload = packed_payload_bytes(w.type);
     if (payload == 0) return false;
     p.type = w.type, p.rows = w.rows, p.cols = w.cols;
     p.groups = (w.rows + 15) / 16, p.blocks = w.cols / QK, p.block_bytes = 64 + payload;
     const size_t total = size_t(p.groups) * p.blocks * p.block_bytes;
-    uint8_t* dst = static_cast<uint8_t*>(std::aligned_alloc(64, total));
-    if (!dst) throw BadModel("out of memory repacking weights");
-    storage.reset(dst);
-    std::memset(dst, 0, total);  // padding rows of the last group: scale 0
+    storage = alloc_zeroed(total);  // zero: padding rows of the last group get scale 0
+    uint8_t* dst = storage.get();
     const size_t bb = row_bytes(w.type, QK);
     for (int64_t r = 0; r < w.rows; ++r) {
         const int64_t g = r / 16, lane = r % 16;

@@ -27,6 +27,10 @@ struct BadModel : ZenError { using ZenError::ZenError; };
 struct AlignedFree { void operator()(uint8_t* p) const { std::free(p); } };
 using AlignedBytes = std::unique_ptr<uint8_t, AlignedFree>;
 bool pack_weights(const WeightView& w, PackedWeights& out, AlignedBytes& storage);
+// `bytes` of zeroed memory, 64-byte aligned; large blocks are 2 MiB aligned and asked to be
+// backed by huge pages (Linux THP, madvise mode): the weights and the KV cache are streamed
+// every token, and with 4 KiB pages each page costs a TLB walk. Throws BadModel when out of memory.
+AlignedBytes alloc_zeroed(size_t bytes);
 
 struct Config {
     std::string arch;  // llama | qwen2 | qwen3

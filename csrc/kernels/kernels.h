@@ -76,7 +76,10 @@ struct Kernels {
     void (*swiglu)(const float* g, const float* u, int64_t n, float* out);
     // Attention over one head, positions 0..n-1 of a (n, stride) cache slice:
     // out[i] = dot(q, k + i*stride) * scale  for i < n          (k: (n, >= hd))
-    void (*attn_scores)(const float* q, const float* k, int64_t stride, int n, int hd, float scale, float* out);
+    // nq query vectors (q + j*hd, a GQA group sharing one kv head) at once, so each cache row
+    // is loaded and converted once for all of them; out + j*ldo receives query j's scores.
+    void (*attn_scores)(const float* q, int nq, const float* k, int64_t stride, int n, int hd, float scale,
+                        float* out, int64_t ldo);
     // Quantize n rows of x (n, cols) per 32-block: d = max|x|/127, q = round(x/d), s = sum(q).
     void (*quantize_act)(const float* x, int n, int64_t cols, int8_t* q, float* d, int32_t* s);
     // y[t*ldy + r] = sum over blocks of the int8 dot of packed row r and token t, scaled, for
@@ -84,14 +87,19 @@ struct Kernels {
     void (*matmul_int8)(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n,
                         float* y, int64_t ldy);
     // The same two attention kernels over an fp16 cache (the fast path stores K/V in fp16).
-    void (*attn_scores_h)(const float* q, const uint16_t* k, int64_t stride, int n, int hd, float scale, float* out);
-    void (*attn_values_h)(const float* p, const uint16_t* v, int64_t stride, int n, int hd, float* out);
+    void (*attn_scores_h)(const float* q, int nq, const uint16_t* k, int64_t stride, int n, int hd, float scale,
+                          float* out, int64_t ldo);
+    void (*attn_values_h)(const float* p, int64_t ldp, int nq, const uint16_t* v, int64_t stride, int n, int hd,
+                          float* out, int64_t ldo);
     // out[0:n] = fp16(x[0:n]), round to nearest even
     void (*to_f16)(const float* x, int64_t n, uint16_t* out);
-    // x[0:n] = softmax(x[0:n]) in place
-    void (*softmax)(float* x, int n);
+    // x[0:n] = exp(x[0:n] - m) in place with m = max(x[0:n]) (n >= 1); *max = m; returns the
+    // sum of the new x (an unnormalized softmax: attention merges these per cache split)
+    float (*softmax_partial)(float* x, int n, float* max);
     // out[0:hd] += sum_i p[i] * v[i*stride : i*stride + hd]     (accumulates, in position order)
-    void (*attn_values)(const float* p, const float* v, int64_t stride, int n, int hd, float* out);
+    // for each of nq queries j: out[j*ldo + 0:hd] += sum_i p[j*ldp + i] * v[i*stride : +hd]
+    void (*attn_values)(const float* p, int64_t ldp, int nq, const float* v, int64_t stride, int n, int hd,
+                        float* out, int64_t ldo);
 };
 
 const Kernels& kernels_ref();

@@ -241,89 +241,188 @@ void swiglu_avx512(const float* g, const float* u, int64_t n, float* out) {
 inline __m512 load_kv(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 inline __m512 load_kv(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 
+// r[j] = sum of the 16 lanes of v[j], j < 16: a transpose-and-add tree (45 shuffles and adds
+// instead of 16 horizontal reductions of ~8 operations each).
+inline __m512 reduce16(const __m512* v) {
+    __m512 w[8], x[4];
+    for (int k = 0; k < 8; ++k)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3], a=v[2k], b=v[2k+1]
+        w[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+    for (int k = 0; k < 4; ++k)  // per 128-bit lane: the lane's sums of v[4k .. 4k+3]
+        x[k] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * k], w[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(w[2 * k], w[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 z01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 z23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(z01, z23, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(z01, z23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// A head's cache rows are hd values every kv_dim values: a stride the hardware prefetchers do
+// not follow, so at long context every row would be a latency-bound miss (decode at 4k
+// positions read its K/V at 4 GB/s). The kernels fetch the rows kRowsAhead (scores) or
+// 2 x kRowsAhead (values, less work per row) ahead. A prefetch never faults, so reading past
+// the cache's end is harmless.
+constexpr int kRowsAhead = 32;
 template <typename T>
-void attn_scores_t(const float* q, const T* k, int64_t stride, int n, int hd, float scale, float* out) {
-    // Four rows per step: independent accumulators hide the FMA latency.
+inline void prefetch_row(const T* row, int hd) {
+    for (size_t o = 0; o < size_t(hd) * sizeof(T); o += 64) _mm_prefetch((const char*)row + o, _MM_HINT_T0);
+}
+
+// r[j] = sum of the 16 lanes of v[j], j < 8, in the low 256 bits (the same tree, one level less).
+inline __m256 reduce8(const __m512* v) {
+    __m512 w[4], x[2];
+    for (int k = 0; k < 4; ++k)
+        w[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+    for (int k = 0; k < 2; ++k)
+        x[k] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * k], w[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(w[2 * k], w[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 z = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_castps512_ps256(_mm512_add_ps(_mm512_shuffle_f32x4(z, z, _MM_SHUFFLE(2, 0, 2, 0)),
+                                                _mm512_shuffle_f32x4(z, z, _MM_SHUFFLE(3, 1, 3, 1))));
+}
+
+// Scores of G queries against R rows starting at row i: G x R accumulators (at most 24, so the
+// queries, one converted row and the accumulators stay in the 32 registers), each cache row
+// loaded and converted once for all G queries, one reduction tree per query.
+template <typename T, int G, int R>
+inline void scores_rows(const float* q, const T* k, int64_t stride, int hd, float scale, float* out,
+                        int64_t ldo, int i) {
+    __m512 a[G][R];
+    for (int g = 0; g < G; ++g)
+        for (int r = 0; r < R; ++r) a[g][r] = _mm512_setzero_ps();
+    const T* k0 = k + i * stride;
+    for (int r = 0; r < R; ++r) prefetch_row(k0 + (r + kRowsAhead) * stride, hd);
+    for (int d = 0; d < hd; d += 16) {
+        const __mmask16 m = tail_mask(hd - d);
+        __m512 qv[G];
+        for (int g = 0; g < G; ++g) qv[g] = _mm512_maskz_loadu_ps(m, q + g * hd + d);
+        for (int r = 0; r < R; ++r) {
+            const __m512 kv = load_kv(k0 + r * stride + d, m);
+            for (int g = 0; g < G; ++g) a[g][r] = _mm512_fmadd_ps(qv[g], kv, a[g][r]);
+        }
+    }
+    for (int g = 0; g < G; ++g) {
+        if constexpr (R == 16) _mm512_storeu_ps(out + g * ldo + i, _mm512_mul_ps(reduce16(a[g]), _mm512_set1_ps(scale)));
+        else _mm256_storeu_ps(out + g * ldo + i, _mm256_mul_ps(reduce8(a[g]), _mm256_set1_ps(scale)));
+    }
+}
+
+template <typename T, int G>
+void scores_group(const float* q, const T* k, int64_t stride, int n, int hd, float scale, float* out, int64_t ldo) {
+    constexpr int R = G == 1 ? 16 : 8;
     int i = 0;
-    for (; i + 4 <= n; i += 4) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        const T* k0 = k + i * stride;
-        for (int d = 0; d < hd; d += 16) {
-            const __mmask16 m = tail_mask(hd - d);
-            const __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
-            a0 = _mm512_fmadd_ps(qv, load_kv(k0 + d, m), a0);
-            a1 = _mm512_fmadd_ps(qv, load_kv(k0 + stride + d, m), a1);
-            a2 = _mm512_fmadd_ps(qv, load_kv(k0 + 2 * stride + d, m), a2);
-            a3 = _mm512_fmadd_ps(qv, load_kv(k0 + 3 * stride + d, m), a3);
+    for (; i + R <= n; i += R) scores_rows<T, G, R>(q, k, stride, hd, scale, out, ldo, i);
+    for (; i < n; ++i)  // ragged tail, one row at a time
+        for (int g = 0; g < G; ++g) {
+            __m512 a = _mm512_setzero_ps();
+            for (int d = 0; d < hd; d += 16) {
+                const __mmask16 m = tail_mask(hd - d);
+                a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + g * hd + d), load_kv(k + i * stride + d, m), a);
+            }
+            out[g * ldo + i] = _mm512_reduce_add_ps(a) * scale;
         }
-        out[i] = _mm512_reduce_add_ps(a0) * scale;
-        out[i + 1] = _mm512_reduce_add_ps(a1) * scale;
-        out[i + 2] = _mm512_reduce_add_ps(a2) * scale;
-        out[i + 3] = _mm512_reduce_add_ps(a3) * scale;
-    }
-    for (; i < n; ++i) {
-        __m512 a = _mm512_setzero_ps();
-        for (int d = 0; d < hd; d += 16) {
-            const __mmask16 m = tail_mask(hd - d);
-            a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), load_kv(k + i * stride + d, m), a);
-        }
-        out[i] = _mm512_reduce_add_ps(a) * scale;
+}
+
+template <typename T>
+void attn_scores_t(const float* q, int nq, const T* k, int64_t stride, int n, int hd, float scale, float* out,
+                   int64_t ldo) {
+    for (int j = 0; j < nq;) {  // queries in groups of up to 3 (the group split depends on nq only)
+        const int g = nq - j >= 3 ? 3 : nq - j;
+        if (g == 3) scores_group<T, 3>(q + j * hd, k, stride, n, hd, scale, out + j * ldo, ldo);
+        else if (g == 2) scores_group<T, 2>(q + j * hd, k, stride, n, hd, scale, out + j * ldo, ldo);
+        else scores_group<T, 1>(q + j * hd, k, stride, n, hd, scale, out + j * ldo, ldo);
+        j += g;
     }
 }
 
-void attn_scores_avx512(const float* q, const float* k, int64_t stride, int n, int hd, float scale, float* out) {
-    attn_scores_t(q, k, stride, n, hd, scale, out);
+void attn_scores_avx512(const float* q, int nq, const float* k, int64_t stride, int n, int hd, float scale,
+                        float* out, int64_t ldo) {
+    attn_scores_t(q, nq, k, stride, n, hd, scale, out, ldo);
 }
-void attn_scores_h_avx512(const float* q, const uint16_t* k, int64_t stride, int n, int hd, float scale, float* out) {
-    attn_scores_t(q, k, stride, n, hd, scale, out);
+void attn_scores_h_avx512(const float* q, int nq, const uint16_t* k, int64_t stride, int n, int hd, float scale,
+                          float* out, int64_t ldo) {
+    attn_scores_t(q, nq, k, stride, n, hd, scale, out, ldo);
 }
 
-void softmax_avx512(float* x, int n) {
+float softmax_partial_avx512(float* x, int n, float* max) {
     __m512 mx = _mm512_set1_ps(-INFINITY);
     for (int i = 0; i < n; i += 16)
         mx = _mm512_mask_max_ps(mx, tail_mask(n - i), mx, _mm512_maskz_loadu_ps(tail_mask(n - i), x + i));
-    const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    const float m = _mm512_reduce_max_ps(mx);
+    const __m512 vmax = _mm512_set1_ps(m);
     __m512 sum = _mm512_setzero_ps();
     for (int i = 0; i < n; i += 16) {
-        const __mmask16 m = tail_mask(n - i);
-        const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vmax));
-        sum = _mm512_mask_add_ps(sum, m, sum, e);
-        _mm512_mask_storeu_ps(x + i, m, e);
+        const __mmask16 k = tail_mask(n - i);
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), vmax));
+        sum = _mm512_mask_add_ps(sum, k, sum, e);
+        _mm512_mask_storeu_ps(x + i, k, e);
     }
-    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
-    for (int i = 0; i < n; i += 16) {
-        const __mmask16 m = tail_mask(n - i);
-        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
+    *max = m;
+    return _mm512_reduce_add_ps(sum);
+}
+
+// out[g] += sum_i p[g][i] v[i] for G queries: each value row is loaded and converted once for
+// all of them. A single query splits even and odd rows over two accumulator sets (two FMA
+// chains per output register instead of one), added at the end.
+template <typename T, int G>
+void values_group(const float* p, int64_t ldp, const T* v, int64_t stride, int n, int hd, float* out, int64_t ldo) {
+    constexpr int S = G == 1 ? 2 : 1;  // accumulator sets
+    for (int d0 = 0; d0 < hd; d0 += 64) {  // up to 64 output lanes stay in registers
+        const int w = hd - d0 < 64 ? hd - d0 : 64;
+        const __mmask16 m[4] = {tail_mask(w), tail_mask(w - 16), tail_mask(w - 32), tail_mask(w - 48)};
+        __m512 acc[S][G][4];
+        for (int g = 0; g < G; ++g)
+            for (int j = 0; j < 4; ++j) {
+                acc[0][g][j] = _mm512_maskz_loadu_ps(m[j], out + g * ldo + d0 + 16 * j);
+                if constexpr (S == 2) acc[S - 1][g][j] = _mm512_setzero_ps();
+            }
+        for (int i = 0; i < n; ++i) {
+            const int s = S == 2 ? (i & 1) : 0;
+            const T* vi = v + i * stride + d0;
+            if (d0 == 0) prefetch_row(vi + 2 * kRowsAhead * stride, hd);
+            __m512 vv[4];
+            for (int j = 0; j < 4; ++j)
+                if (16 * j < w) vv[j] = load_kv(vi + 16 * j, m[j]);
+            for (int g = 0; g < G; ++g) {
+                const __m512 pg = _mm512_set1_ps(p[g * ldp + i]);
+                for (int j = 0; j < 4; ++j)
+                    if (16 * j < w) acc[s][g][j] = _mm512_fmadd_ps(pg, vv[j], acc[s][g][j]);
+            }
+        }
+        for (int g = 0; g < G; ++g)
+            for (int j = 0; j < 4; ++j)
+                if (16 * j < w) {
+                    __m512 r = acc[0][g][j];
+                    if constexpr (S == 2) r = _mm512_add_ps(r, acc[S - 1][g][j]);
+                    _mm512_mask_storeu_ps(out + g * ldo + d0 + 16 * j, m[j], r);
+                }
     }
 }
 
 template <typename T>
-void attn_values_t(const float* p, const T* v, int64_t stride, int n, int hd, float* out) {
-    for (int d0 = 0; d0 < hd; d0 += 64) {  // up to 64 output lanes stay in registers
-        const int w = hd - d0 < 64 ? hd - d0 : 64;
-        const __mmask16 m0 = tail_mask(w), m1 = tail_mask(w - 16), m2 = tail_mask(w - 32), m3 = tail_mask(w - 48);
-        __m512 o0 = _mm512_maskz_loadu_ps(m0, out + d0), o1 = _mm512_maskz_loadu_ps(m1, out + d0 + 16);
-        __m512 o2 = _mm512_maskz_loadu_ps(m2, out + d0 + 32), o3 = _mm512_maskz_loadu_ps(m3, out + d0 + 48);
-        for (int i = 0; i < n; ++i) {
-            const __m512 pi = _mm512_set1_ps(p[i]);
-            const T* vi = v + i * stride + d0;
-            o0 = _mm512_fmadd_ps(pi, load_kv(vi, m0), o0);
-            if (w > 16) o1 = _mm512_fmadd_ps(pi, load_kv(vi + 16, m1), o1);
-            if (w > 32) o2 = _mm512_fmadd_ps(pi, load_kv(vi + 32, m2), o2);
-            if (w > 48) o3 = _mm512_fmadd_ps(pi, load_kv(vi + 48, m3), o3);
-        }
-        _mm512_mask_storeu_ps(out + d0, m0, o0);
-        if (w > 16) _mm512_mask_storeu_ps(out + d0 + 16, m1, o1);
-        if (w > 32) _mm512_mask_storeu_ps(out + d0 + 32, m2, o2);
-        if (w > 48) _mm512_mask_storeu_ps(out + d0 + 48, m3, o3);
+void attn_values_t(const float* p, int64_t ldp, int nq, const T* v, int64_t stride, int n, int hd, float* out,
+                   int64_t ldo) {
+    for (int j = 0; j < nq;) {  // queries in groups of up to 4 (16 accumulators)
+        const int g = nq - j >= 4 ? 4 : nq - j;
+        const float* pj = p + j * ldp;
+        float* oj = out + j * ldo;
+        if (g == 4) values_group<T, 4>(pj, ldp, v, stride, n, hd, oj, ldo);
+        else if (g == 3) values_group<T, 3>(pj, ldp, v, stride, n, hd, oj, ldo);
+        else if (g == 2) values_group<T, 2>(pj, ldp, v, stride, n, hd, oj, ldo);
+        else values_group<T, 1>(pj, ldp, v, stride, n, hd, oj, ldo);
+        j += g;
     }
 }
 
-void attn_values_avx512(const float* p, const float* v, int64_t stride, int n, int hd, float* out) {
-    attn_values_t(p, v, stride, n, hd, out);
+void attn_values_avx512(const float* p, int64_t ldp, int nq, const float* v, int64_t stride, int n, int hd,
+                        float* out, int64_t ldo) {
+    attn_values_t(p, ldp, nq, v, stride, n, hd, out, ldo);
 }
-void attn_values_h_avx512(const float* p, const uint16_t* v, int64_t stride, int n, int hd, float* out) {
-    attn_values_t(p, v, stride, n, hd, out);
+void attn_values_h_avx512(const float* p, int64_t ldp, int nq, const uint16_t* v, int64_t stride, int n, int hd,
+                          float* out, int64_t ldo) {
+    attn_values_t(p, ldp, nq, v, stride, n, hd, out, ldo);
 }
 
 void to_f16_avx512(const float* x, int64_t n, uint16_t* out) {
@@ -356,6 +455,11 @@ void quantize_act_avx512(const float* x, int n, int64_t cols, int8_t* q, float* 
         }
 }
 
+// Decode reads each weight once per token, a stream of ~100 MB that only just fits the cache
+// share this VM gets; the hardware prefetcher does not run far enough ahead of a GEMV doing
+// 8 dependent vpdpbusd per block, so fetch 8 KB ahead (swept 1-32 KB: 8-16 KB best; decode
+// +20% at 1 thread, +35% at 2).
+constexpr size_t kPrefetch = 8192;
 inline int32_t load_i32(const int8_t* p) { int32_t v; std::memcpy(&v, p, 4); return v; }
 
 // One group of 16 rows against NT tokens: lane r of each accumulator is row g*16+r. Per block
@@ -369,6 +473,8 @@ void group_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, fl
     const __m512i m0f = _mm512_set1_epi8(15);
     for (int64_t b = 0; b < w.blocks; ++b) {
         const uint8_t* blk = w.at(g, b);
+        if (NT == 1)  // decode: see kPrefetch
+            for (size_t o = 0; o < w.block_bytes; o += 64) _mm_prefetch((const char*)blk + kPrefetch + o, _MM_HINT_T0);
         const __m512 wd = _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)blk));
         __m512i p[8];
         if constexpr (TYPE == GGML_Q8_0) {
@@ -433,7 +539,7 @@ const Kernels* kernels_avx512() {
     static const Kernels k{"avx512", matmul_avx512, dequant_row_avx512, dot_avx512, axpy_avx512,
                            add_avx512, rmsnorm_avx512, swiglu_avx512, attn_scores_avx512,
                            quantize_act_avx512, matmul_int8_avx512, attn_scores_h_avx512,
-                           attn_values_h_avx512, to_f16_avx512, softmax_avx512, attn_values_avx512};
+                           attn_values_h_avx512, to_f16_avx512, softmax_partial_avx512, attn_values_avx512};
     return &k;
 }
 

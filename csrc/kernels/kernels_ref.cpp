@@ -163,12 +163,13 @@ static void swiglu_ref(const float* g, const float* u, int64_t n, float* out) {
     for (int64_t i = 0; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
-static void attn_scores_ref(const float* q, const float* k, int64_t stride, int n, int hd,
-                            float scale, float* out) {
-    for (int i = 0; i < n; ++i) out[i] = dot_ref(q, k + i * stride, hd) * scale;
+static void attn_scores_ref(const float* q, int nq, const float* k, int64_t stride, int n, int hd,
+                            float scale, float* out, int64_t ldo) {
+    for (int j = 0; j < nq; ++j)
+        for (int i = 0; i < n; ++i) out[j * ldo + i] = dot_ref(q + j * hd, k + i * stride, hd) * scale;
 }
 
-static void softmax_ref(float* x, int n) {
+static float softmax_partial_ref(float* x, int n, float* max) {
     float mx = x[0];
     for (int i = 1; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
     float sum = 0.0f;
@@ -176,11 +177,14 @@ static void softmax_ref(float* x, int n) {
         x[i] = std::exp(x[i] - mx);
         sum += x[i];
     }
-    for (int i = 0; i < n; ++i) x[i] /= sum;
+    *max = mx;
+    return sum;
 }
 
-static void attn_values_ref(const float* p, const float* v, int64_t stride, int n, int hd, float* out) {
-    for (int i = 0; i < n; ++i) axpy_ref(p[i], v + i * stride, out, hd);
+static void attn_values_ref(const float* p, int64_t ldp, int nq, const float* v, int64_t stride, int n, int hd,
+                            float* out, int64_t ldo) {
+    for (int j = 0; j < nq; ++j)
+        for (int i = 0; i < n; ++i) axpy_ref(p[j * ldp + i], v + i * stride, out + j * ldo, hd);
 }
 
 size_t packed_payload_bytes(int type) {
@@ -238,18 +242,21 @@ static void matmul_int8_ref(const PackedWeights& w, int64_t r0, int64_t r1, cons
     }
 }
 
-static void attn_scores_h_ref(const float* q, const uint16_t* k, int64_t stride, int n, int hd,
-                              float scale, float* out) {
-    for (int i = 0; i < n; ++i) {
-        float acc = 0.0f;
-        for (int d = 0; d < hd; ++d) acc += q[d] * f16_to_f32(k[i * stride + d]);
-        out[i] = acc * scale;
-    }
+static void attn_scores_h_ref(const float* q, int nq, const uint16_t* k, int64_t stride, int n, int hd,
+                              float scale, float* out, int64_t ldo) {
+    for (int j = 0; j < nq; ++j)
+        for (int i = 0; i < n; ++i) {
+            float acc = 0.0f;
+            for (int d = 0; d < hd; ++d) acc += q[j * hd + d] * f16_to_f32(k[i * stride + d]);
+            out[j * ldo + i] = acc * scale;
+        }
 }
 
-static void attn_values_h_ref(const float* p, const uint16_t* v, int64_t stride, int n, int hd, float* out) {
-    for (int i = 0; i < n; ++i)
-        for (int d = 0; d < hd; ++d) out[d] += p[i] * f16_to_f32(v[i * stride + d]);
+static void attn_values_h_ref(const float* p, int64_t ldp, int nq, const uint16_t* v, int64_t stride, int n,
+                              int hd, float* out, int64_t ldo) {
+    for (int j = 0; j < nq; ++j)
+        for (int i = 0; i < n; ++i)
+            for (int d = 0; d < hd; ++d) out[j * ldo + d] += p[j * ldp + i] * f16_to_f32(v[i * stride + d]);
 }
 
 static void to_f16_ref(const float* x, int64_t n, uint16_t* out) {
@@ -259,7 +266,7 @@ static void to_f16_ref(const float* x, int64_t n, uint16_t* out) {
 const Kernels& kernels_ref() {
     static const Kernels k{"ref", matmul_ref, dequant_row_ref, dot_ref, axpy_ref, add_ref,
                            rmsnorm_ref, swiglu_ref, attn_scores_ref, quantize_act_ref, matmul_int8_ref,
-                           attn_scores_h_ref, attn_values_h_ref, to_f16_ref, softmax_ref,
+                           attn_scores_h_ref, attn_values_h_ref, to_f16_ref, softmax_partial_ref,
                            attn_values_ref};
     return k;
 }
