@@ -23,8 +23,16 @@ ThreadPool::~ThreadPool() {
     for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::work(int thread) {
-    for (int t; (t = next_.fetch_add(1)) < n_tasks_;) (*job_)(t, thread);
+void ThreadPool::work(int thread, uint32_t gen) {
+    for (;;) {
+        uint64_t w = claim_.load();
+        if (uint32_t(w >> 32) != gen) return;                      // a later run: not ours
+        const uint32_t idx = uint32_t(w);
+        if (idx == kClosed || idx >= uint32_t(n_tasks_.load())) return;  // all claimed
+        if (!claim_.compare_exchange_weak(w, w + 1)) continue;
+        (*job_.load())(int(idx), thread);  // our claim keeps the run (and job_) alive until done
+        finished_.fetch_add(1, std::memory_order_acq_rel);
+    }
 }
 
 void ThreadPool::worker(int index) {
@@ -41,8 +49,7 @@ void ThreadPool::worker(int index) {
         }
         seen = generation_.load(std::memory_order_acquire);
         if (stop_) return;
-        work(index);
-        done_.fetch_add(1, std::memory_order_acq_rel);
+        work(index, uint32_t(seen));
     }
 }
 
@@ -52,23 +59,24 @@ void ThreadPool::run(int n_tasks, const Task& fn) {
         for (int t = 0; t < n_tasks; ++t) fn(t, 0);
         return;
     }
-    job_ = &fn;
-    n_tasks_ = n_tasks;
-    next_.store(0);
-    done_.store(0);
+    const uint64_t gen = generation_.load() + 1;
+    job_.store(&fn);
+    n_tasks_.store(n_tasks);
+    finished_.store(0);
+    claim_.store(gen << 32);  // open: tasks 0.. of run `gen`
     {
         std::lock_guard<std::mutex> lock(mu_);
-        generation_.fetch_add(1, std::memory_order_acq_rel);
+        generation_.store(gen, std::memory_order_release);
     }
     cv_.notify_all();
-    work(0);
-    // Wait for the workers; yield after a short spin so a worker that lost its core (the
-    // machine is shared) gets it back instead of us burning the rest of our time slice.
-    const int n_workers = int(workers_.size());
-    for (int i = 0; done_.load(std::memory_order_acquire) < n_workers; ++i) {
+    work(0, uint32_t(gen));
+    // Wait for the tasks other threads claimed; yield after a short spin so a worker that lost
+    // its core (the machine is shared) gets it back instead of us burning our time slice.
+    for (int i = 0; finished_.load(std::memory_order_acquire) < n_tasks; ++i) {
         if (i < 4000) cpu_relax();
         else std::this_thread::yield();
     }
+    claim_.store((gen << 32) | kClosed);  // late workers find nothing to claim
 }
 
 }  // namespace zen5
