@@ -78,9 +78,10 @@ void register_kernels(py::module_& m) {
         std::vector<int8_t> q(size_t(n) * cols);
         std::vector<float> d(size_t(n) * cols / QK);
         std::vector<int32_t> s(size_t(n) * cols / QK);
-        k.quantize_act(x.data(), n, cols, q.data(), d.data(), s.data());
+        std::vector<float> ds(size_t(n) * cols / QK);
+        k.quantize_act(x.data(), n, cols, q.data(), d.data(), s.data(), ds.data());
         py::array_t<float> y({py::ssize_t(n), py::ssize_t(rows)});
-        k.matmul_int8(pw, 0, rows, QuantAct{q.data(), d.data(), s.data(), cols}, n, y.mutable_data(), rows);
+        k.matmul_int8(pw, 0, rows, QuantAct{q.data(), d.data(), s.data(), ds.data(), cols}, n, y.mutable_data(), rows);
         return y;
     });
     m.def("kernel_dequant_row", [](const std::string& isa, int type, U8Array src, int64_t n) {

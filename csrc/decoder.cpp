@@ -56,6 +56,7 @@ Context::Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* k
         act_q_[i].resize(size_t(kChunk) * max_cols);
         act_d_[i].resize(size_t(kChunk) * max_cols / QK + 1);
         act_s_[i].resize(size_t(kChunk) * max_cols / QK + 1);
+        act_ds_[i].resize(size_t(kChunk) * max_cols / QK + 1);
     }
 }
 
@@ -97,8 +98,8 @@ void Context::matmuls(std::initializer_list<MatJob> jobs, int n) {
             while (a < n_acts && quantized[a] != j.x) ++a;
             if (a == n_acts) {
                 const int64_t cols = j.w->cols;
-                k_.quantize_act(j.x, n, cols, act_q_[a].data(), act_d_[a].data(), act_s_[a].data());
-                acts[a] = QuantAct{act_q_[a].data(), act_d_[a].data(), act_s_[a].data(), cols};
+                k_.quantize_act(j.x, n, cols, act_q_[a].data(), act_d_[a].data(), act_s_[a].data(), act_ds_[a].data());
+                acts[a] = QuantAct{act_q_[a].data(), act_d_[a].data(), act_s_[a].data(), act_ds_[a].data(), cols};
                 quantized[a] = j.x, ++n_acts;
             }
             act_of[ji] = a;

@@ -72,6 +72,7 @@ class Context {
     std::vector<int8_t> act_q_[3];   // (kChunk, max cols)
     std::vector<float> act_d_[3];    // (kChunk, max cols / 32)
     std::vector<int32_t> act_s_[3];
+    std::vector<float> act_ds_[3];
     std::vector<float> logits_;  // (vocab)
 };
 

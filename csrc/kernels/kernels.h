@@ -50,11 +50,14 @@ struct PackedWeights {
 };
 size_t packed_payload_bytes(int type);  // 256 for Q4_*, 512 for Q8_0, 0 if not packable
 
-// Activations quantized to int8 per 32-value block: q (n, cols), scale d and sum of q (n, cols/32).
+// Activations quantized to int8 per 32-value block: q (n, cols), scale d, sum of q s and
+// ds = d * float(s) (the Q4_1 minimum's factor, precomputed so the GEMM broadcasts it from
+// memory), each (n, cols/32).
 struct QuantAct {
     const int8_t* q;
     const float* d;
     const int32_t* s;
+    const float* ds;
     int64_t cols;
 };
 
@@ -80,8 +83,9 @@ struct Kernels {
     // is loaded and converted once for all of them; out + j*ldo receives query j's scores.
     void (*attn_scores)(const float* q, int nq, const float* k, int64_t stride, int n, int hd, float scale,
                         float* out, int64_t ldo);
-    // Quantize n rows of x (n, cols) per 32-block: d = max|x|/127, q = round(x/d), s = sum(q).
-    void (*quantize_act)(const float* x, int n, int64_t cols, int8_t* q, float* d, int32_t* s);
+    // Quantize n rows of x (n, cols) per 32-block: d = max|x|/127, q = round(x/d), s = sum(q),
+    // ds = d * float(s).
+    void (*quantize_act)(const float* x, int n, int64_t cols, int8_t* q, float* d, int32_t* s, float* ds);
     // y[t*ldy + r] = sum over blocks of the int8 dot of packed row r and token t, scaled, for
     // r in [r0, r1) (r0 a multiple of 16) and t in [0, n).
     void (*matmul_int8)(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n,

@@ -433,7 +433,7 @@ void to_f16_avx512(const float* x, int64_t n, uint16_t* out) {
     }
 }
 
-void quantize_act_avx512(const float* x, int n, int64_t cols, int8_t* q, float* d, int32_t* s) {
+void quantize_act_avx512(const float* x, int n, int64_t cols, int8_t* q, float* d, int32_t* s, float* ds) {
     const int64_t nb = cols / QK;
     const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
     const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
@@ -452,6 +452,7 @@ void quantize_act_avx512(const float* x, int n, int64_t cols, int8_t* q, float* 
             _mm_storeu_si128((__m128i*)(q + t * cols + b * QK + 16), _mm512_cvtepi32_epi8(q1));
             d[t * nb + b] = db;
             s[t * nb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            ds[t * nb + b] = db * float(s[t * nb + b]);
         }
 }
 
@@ -486,23 +487,28 @@ void group_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, fl
                 p[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m0f);  // elements 16+4j..
             }
         }
+        __m512 wm = _mm512_setzero_ps();
+        if constexpr (TYPE == GGML_Q4_1) wm = _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(blk + 32)));
+#pragma GCC unroll 8
         for (int t = 0; t < NT; ++t) {
             const int64_t tt = t0 + t;
             const int8_t* xq = x.q + tt * x.cols + b * QK;
-            __m512i acc = _mm512_setzero_si512();
-            for (int j = 0; j < 8; ++j) {
-                const int off = TYPE == GGML_Q8_0 ? 4 * j : (j < 4 ? 4 * j : 16 + 4 * (j - 4));
-                acc = _mm512_dpbusd_epi32(acc, p[j], _mm512_set1_epi32(load_i32(xq + off)));
+            // two integer chains (exact, so the split changes no bit) halve the dpbusd latency chain
+            __m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j += 2) {
+                const int o0 = TYPE == GGML_Q8_0 ? 4 * j : (j < 4 ? 4 * j : 16 + 4 * (j - 4));
+                const int o1 = TYPE == GGML_Q8_0 ? 4 * (j + 1) : (j + 1 < 4 ? 4 * (j + 1) : 16 + 4 * (j - 3));
+                acc0 = _mm512_dpbusd_epi32(acc0, p[j], _mm512_set1_epi32(load_i32(xq + o0)));
+                acc1 = _mm512_dpbusd_epi32(acc1, p[j + 1], _mm512_set1_epi32(load_i32(xq + o1)));
             }
+            __m512i acc = _mm512_add_epi32(acc0, acc1);
             const int32_t sx = x.s[tt * w.blocks + b];
             if constexpr (TYPE == GGML_Q4_0) acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(8 * sx));
             if constexpr (TYPE == GGML_Q8_0) acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(128 * sx));
             const float dx = x.d[tt * w.blocks + b];
             f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(wd, _mm512_set1_ps(dx)), f[t]);
-            if constexpr (TYPE == GGML_Q4_1) {
-                const __m512 wm = _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(blk + 32)));
-                f[t] = _mm512_fmadd_ps(wm, _mm512_set1_ps(dx * float(sx)), f[t]);
-            }
+            if constexpr (TYPE == GGML_Q4_1) f[t] = _mm512_fmadd_ps(wm, _mm512_set1_ps(x.ds[tt * w.blocks + b]), f[t]);
         }
     }
     for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy + g * 16, rows, f[t]);
@@ -515,6 +521,7 @@ void matmul_int8_typed(const PackedWeights& w, int64_t r0, int64_t r1, const Qua
         const int64_t left = r1 - g * 16;
         const __mmask16 rows = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
         int t0 = 0;
+        for (; t0 + 8 <= n; t0 += 8) group_tile<TYPE, 8>(w, g, x, t0, y, ldy, rows);
         for (; t0 + 4 <= n; t0 += 4) group_tile<TYPE, 4>(w, g, x, t0, y, ldy, rows);
         switch (n - t0) {
             case 3: group_tile<TYPE, 3>(w, g, x, t0, y, ldy, rows); break;

@@ -191,7 +191,7 @@ size_t packed_payload_bytes(int type) {
     return type == GGML_Q8_0 ? 512 : (type == GGML_Q4_0 || type == GGML_Q4_1) ? 256 : 0;
 }
 
-static void quantize_act_ref(const float* x, int n, int64_t cols, int8_t* q, float* d, int32_t* s) {
+static void quantize_act_ref(const float* x, int n, int64_t cols, int8_t* q, float* d, int32_t* s, float* ds) {
     const int64_t nb = cols / QK;
     for (int t = 0; t < n; ++t)
         for (int64_t b = 0; b < nb; ++b) {
@@ -208,6 +208,7 @@ static void quantize_act_ref(const float* x, int n, int64_t cols, int8_t* q, flo
             }
             d[t * nb + b] = db;
             s[t * nb + b] = sum;
+            ds[t * nb + b] = db * float(sum);
         }
 }
 
@@ -235,7 +236,7 @@ static void matmul_int8_ref(const PackedWeights& w, int64_t r0, int64_t r1, cons
                 if (w.type == GGML_Q8_0) isum -= 128 * sx;
                 const float dx = x.d[t * w.blocks + b];
                 acc += float(isum) * (f16_to_f32(rd16(blk + 2 * lane)) * dx);
-                if (w.type == GGML_Q4_1) acc += f16_to_f32(rd16(blk + 32 + 2 * lane)) * (dx * float(sx));
+                if (w.type == GGML_Q4_1) acc += f16_to_f32(rd16(blk + 32 + 2 * lane)) * x.ds[t * w.blocks + b];
             }
             y[t * ldy + r] = acc;
         }
