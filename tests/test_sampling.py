@@ -55,3 +55,12 @@ def test_logprobs():
 def test_bad_params_are_refused(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+
+
+def test_tiny_temperature_with_masked_logits_picks_the_top():
+    """A temperature near 0 (the OpenAPI fuzz sent 1e-308) overflows logits / T; with tokens
+    masked to -inf (constrained decoding) that once made the probabilities NaN."""
+    logits = np.array([1.0, -np.inf, 3.0, 2.5, -np.inf], dtype=np.float32)
+    for t in (1e-308, 1e-30, 1e-3):
+        for k in (0, 2, 40):
+            assert Sampler(SamplingParams(temperature=t, top_k=k, seed=1)).sample(logits) == 2

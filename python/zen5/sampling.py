@@ -57,7 +57,11 @@ class Sampler:
         p = self.params
         if p.temperature == 0 or p.top_k == 1:
             return int(np.argmax(logits))
-        x = logits.astype(np.float64) / p.temperature
+        # shift first: a tiny temperature then sends the others to -inf, never the top to +inf
+        # (inf - inf would make the probabilities NaN); masked tokens (-inf) stay -inf
+        x = logits.astype(np.float64)
+        with np.errstate(over="ignore"):
+            x = (x - x.max()) / p.temperature
         if p.top_k and p.top_k < x.size:
             ids = np.argpartition(-x, p.top_k - 1)[: p.top_k]
         else:

@@ -75,7 +75,10 @@ _CHAT = {"type": "object", "required": ["model", "messages"], "properties": {
         "type": {"type": "string", "enum": ["function"]},
         "function": {"type": "object", "required": ["name"], "properties": {
             "name": _STR, "description": _STR, "parameters": _OBJ, "strict": _BOOL}}}}},
-    "tool_choice": {"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]}, _OBJ]},
+    "tool_choice": {"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]}, {
+        "type": "object", "required": ["type", "function"], "properties": {
+            "type": {"type": "string", "enum": ["function"]},
+            "function": {"type": "object", "required": ["name"], "properties": {"name": _STR}}}}]},
     "parallel_tool_calls": _BOOL,
     "response_format": {**_OPENAI_FORMAT, "properties": {
         **_OPENAI_FORMAT["properties"], "json_schema": {"type": "object", "required": ["schema"],
@@ -109,7 +112,9 @@ _RESPONSES = {"type": "object", "required": ["model", "input"], "properties": {
         "format": {"type": "object", "required": ["type"], "properties": {   # custom tools
             "type": {"type": "string", "enum": ["text", "grammar"]},
             "syntax": {"type": "string", "enum": ["lark", "regex"]}, "definition": _STR}}}}},
-    "tool_choice": {"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]}, _OBJ]},
+    "tool_choice": {"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]}, {
+        "type": "object", "required": ["type", "name"], "properties": {
+            "type": {"type": "string", "enum": ["function", "custom"]}, "name": _STR}}]},
     "parallel_tool_calls": _BOOL,
     "text": {"type": "object", "properties": {"format": {**_OPENAI_FORMAT, "properties": {
         **_OPENAI_FORMAT["properties"], **_SCHEMA_FIELDS}}}},
