@@ -20,6 +20,12 @@ namespace {
 constexpr bool is_quant(int t) { return t == GGML_Q4_0 || t == GGML_Q4_1 || t == GGML_Q8_0; }
 constexpr size_t blk_bytes(int t) { return t == GGML_Q4_0 ? 18 : t == GGML_Q4_1 ? 20 : 34; }
 
+// Decode reads each weight once per token, a stream of ~100 MB that only just fits the cache
+// share this VM gets; the hardware prefetcher does not run far enough ahead of a GEMV doing
+// 8 dependent vpdpbusd per block, so fetch 8 KB ahead (swept 1-32 KB: 8-16 KB best; decode
+// +20% at 1 thread, +35% at 2).
+constexpr size_t kPrefetch = 8192;
+
 inline float half(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return _cvtsh_ss(v); }
 
 // Dequantize one 32-value block into w0 (values 0..15) and w1 (16..31).
@@ -62,6 +68,35 @@ inline __m512 load_w16(const uint8_t* row, int64_t c, __mmask16 m) {
     }
 }
 
+// r[j] = sum of the 16 lanes of v[j], j < 16: a transpose-and-add tree (45 shuffles and adds
+// instead of 16 horizontal reductions of ~8 operations each).
+inline __m512 reduce16(const __m512* v) {
+    __m512 w[8], x[4];
+    for (int k = 0; k < 8; ++k)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3], a=v[2k], b=v[2k+1]
+        w[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+    for (int k = 0; k < 4; ++k)  // per 128-bit lane: the lane's sums of v[4k .. 4k+3]
+        x[k] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * k], w[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(w[2 * k], w[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 z01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 z23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(z01, z23, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(z01, z23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// The same tree for 4 vectors, with the same association order for every sum (so a tile of 4
+// and a tile of 16 give identical bits): r[j] = sum of v[j], j < 4.
+inline __m128 reduce4(const __m512* v) {
+    const __m512 w0 = _mm512_add_ps(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
+    const __m512 w1 = _mm512_add_ps(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
+    const __m512 x = _mm512_add_ps(_mm512_shuffle_ps(w0, w1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(w0, w1, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 z = _mm512_add_ps(_mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm_add_ps(_mm512_castps512_ps128(z), _mm512_extractf32x4_ps(z, 1));
+}
+
 template <int TYPE, int NT>
 void row_tile(const WeightView& w, int64_t r, const float* x, int64_t ldx, float* y, int64_t ldy) {
     // Two accumulators per token (low and high half of each block) so consecutive FMAs do not
@@ -99,9 +134,55 @@ void row_tile(const WeightView& w, int64_t r, const float* x, int64_t ldx, float
     for (int t = 0; t < NT; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(lo[t], hi[t]));
 }
 
+// F32/F16/BF16 weights: RT rows x NT tokens of accumulators (RT x NT <= 16), each weight vector
+// loaded and converted once for NT tokens and each token vector once for RT rows; the RT x NT
+// sums come out of one reduction tree. Every (token, row) sum is the same lane-wise pass over
+// the columns followed by the same tree, whatever the tile shape, so a batch gives the same bits
+// as the tokens one by one. Rows or tokens past the end repeat the last valid one (not stored).
+template <int TYPE, int RT, int NT>
+void float_tile(const WeightView& w, int64_t r, int64_t r_end, const float* x, int nt, int64_t ldx,
+                float* y, int64_t ldy) {
+    const uint8_t* rows[RT];
+    const float* xs[NT];
+    for (int i = 0; i < RT; ++i) rows[i] = w.row(r + i < r_end ? r + i : r_end - 1);
+    for (int t = 0; t < NT; ++t) xs[t] = x + (t < nt ? t : nt - 1) * ldx;
+    static_assert(RT * NT == 4 || RT * NT == 16, "reduce4 or reduce16");
+    __m512 a[16];
+    for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_ps();
+    auto step = [&](int64_t c, __mmask16 m) {
+        __m512 xv[NT];
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t) xv[t] = _mm512_maskz_loadu_ps(m, xs[t] + c);
+#pragma GCC unroll 16
+        for (int i = 0; i < RT; ++i) {
+            const __m512 wv = load_w16<TYPE>(rows[i], c, m);
+#pragma GCC unroll 16
+            for (int t = 0; t < NT; ++t) a[i * NT + t] = _mm512_fmadd_ps(wv, xv[t], a[i * NT + t]);
+        }
+    };
+    int64_t c = 0;
+    for (; c + 16 <= w.cols; c += 16) step(c, __mmask16(0xFFFF));  // constant mask: plain loads
+    if (c < w.cols) step(c, __mmask16((1u << (w.cols - c)) - 1));
+    alignas(64) float out[16];
+    if constexpr (RT * NT == 4) _mm_store_ps(out, reduce4(a));
+    else _mm512_store_ps(out, reduce16(a));
+    for (int i = 0; i < RT && r + i < r_end; ++i)
+        for (int t = 0; t < nt && t < NT; ++t) y[t * ldy + r + i] = out[i * NT + t];
+}
+
 template <int TYPE>
 void matmul_typed(const WeightView& w, int64_t r0, int64_t r1, const float* x, int n,
                   int64_t ldx, float* y, int64_t ldy) {
+    if constexpr (!is_quant(TYPE)) {
+        if (n == 1) {  // decode: 4 rows per tile (4 sequential streams; 16 defeat the prefetcher)
+            for (int64_t r = r0; r < r1; r += 4) float_tile<TYPE, 4, 1>(w, r, r1, x, 1, ldx, y, ldy);
+            return;
+        }
+        for (int64_t r = r0; r < r1; r += 4)
+            for (int t0 = 0; t0 < n; t0 += 4)
+                float_tile<TYPE, 4, 4>(w, r, r1, x + t0 * ldx, n - t0, ldx, y + t0 * ldy, ldy);
+        return;
+    }
     for (int64_t r = r0; r < r1; ++r) {
         for (int t0 = 0; t0 < n; t0 += 8) {
             const float* xt = x + t0 * ldx;
@@ -240,23 +321,6 @@ void swiglu_avx512(const float* g, const float* u, int64_t n, float* out) {
 // 16 cache values from fp32 or fp16 rows; lanes outside m are zero
 inline __m512 load_kv(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 inline __m512 load_kv(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
-
-// r[j] = sum of the 16 lanes of v[j], j < 16: a transpose-and-add tree (45 shuffles and adds
-// instead of 16 horizontal reductions of ~8 operations each).
-inline __m512 reduce16(const __m512* v) {
-    __m512 w[8], x[4];
-    for (int k = 0; k < 8; ++k)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3], a=v[2k], b=v[2k+1]
-        w[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
-    for (int k = 0; k < 4; ++k)  // per 128-bit lane: the lane's sums of v[4k .. 4k+3]
-        x[k] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * k], w[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(w[2 * k], w[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 z01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                     _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 z23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                                     _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 2, 3, 2)));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(z01, z23, _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(z01, z23, _MM_SHUFFLE(3, 1, 3, 1)));
-}
 
 // A head's cache rows are hd values every kv_dim values: a stride the hardware prefetchers do
 // not follow, so at long context every row would be a latency-bound miss (decode at 4k
@@ -456,11 +520,7 @@ void quantize_act_avx512(const float* x, int n, int64_t cols, int8_t* q, float* 
         }
 }
 
-// Decode reads each weight once per token, a stream of ~100 MB that only just fits the cache
-// share this VM gets; the hardware prefetcher does not run far enough ahead of a GEMV doing
-// 8 dependent vpdpbusd per block, so fetch 8 KB ahead (swept 1-32 KB: 8-16 KB best; decode
-// +20% at 1 thread, +35% at 2).
-constexpr size_t kPrefetch = 8192;
+
 inline int32_t load_i32(const int8_t* p) { int32_t v; std::memcpy(&v, p, 4); return v; }
 
 // One group of 16 rows against NT tokens: lane r of each accumulator is row g*16+r. Per block
