@@ -52,10 +52,12 @@ def walk(engine, tokens: list[int], frontiers: list[int], gen_tokens: int, repea
             ctx.eval(tokens[prev:f])
             pre.append(time.perf_counter() - t0)
         for _ in range(repeat):
+            ctx.rewind(f - 1)  # re-evaluate the frontier's last token: a rewind drops the logits
+            ctx.eval(tokens[f - 1:f])
             t0 = time.perf_counter()
             decode(ctx, gen_tokens, eos)
             gen.append(time.perf_counter() - t0)
-            ctx.rewind(f)
+        ctx.rewind(f)
         row = dict(ctx_tokens=f, prefill_tokens=f - prev,
                    prefill_tps=round((f - prev) / statistics.median(pre), 1), gen_tokens=gen_tokens,
                    gen_tps=round(gen_tokens / statistics.median(gen), 1), kv_bytes=f * per_pos)

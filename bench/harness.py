@@ -95,7 +95,7 @@ class BenchConfig:
     @classmethod
     def quick(cls) -> "BenchConfig":
         return cls(modes=("kernel", "frontier"), quants=("Q4_1",), prompts=(128,), repeat=1,
-                   peers=(), frontier_step=128, frontier_max=256, frontier_gen=8, frontier_repeat=1,
+                   peers=(), frontier_step=128, frontier_max=256, frontier_gen=8, frontier_repeat=2,
                    workload="quick")
 
     @property
@@ -177,13 +177,14 @@ class Run:
             for t in cfg.threads:
                 self.roofs[t] = roofline.measure(t)
                 self.log(f"roofline {t}t: {self.roofs[t]}")
+        if "frontier" in cfg.modes:  # first: short, and it fails early if anything is amiss
+            self._frontier(zen5)
+            self._write_frontier()
         try:
             if "kernel" in cfg.modes or "peers" in cfg.modes:
                 self._kernel_and_peers(zen5)
         finally:
             TorchWorker.close()
-        if "frontier" in cfg.modes:
-            self._frontier(zen5)
         steal1 = cpu_ticks()
         self.steal_pct = 100.0 * (steal1[0] - steal0[0]) / max(1, steal1[1] - steal0[1])
         return self._write()
@@ -296,6 +297,13 @@ class Run:
                                 "gen_last_over_first": round(last["gen_tps"] / first["gen_tps"], 3)}
         return head
 
+    def _write_frontier(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        stem = self.out / f"{self.cpu}-frontier{self.suffix}"
+        frontier_mod.write_csv(self.frontier_rows, Path(f"{stem}.csv"))
+        frontier_mod.plot(self.frontier_rows, Path(f"{stem}.png"),
+                          f"{self.frontier_engine}\n{self.cpu}, run {self.run_id}, commit {self.commit}")
+
     def _write(self) -> dict:
         self.out.mkdir(parents=True, exist_ok=True)
         stem = self.out / f"{self.cpu}"
@@ -307,10 +315,6 @@ class Run:
             append_csv(Path(f"{stem}-roofline{self.suffix}.csv"), rcols,
                        [dict(run_id=self.run_id, commit=self.commit, cpu=self.cpu, **roof)
                         for roof in self.roofs.values()])
-        if self.frontier_rows:
-            frontier_mod.write_csv(self.frontier_rows, Path(f"{stem}-frontier{self.suffix}.csv"))
-            frontier_mod.plot(self.frontier_rows, Path(f"{stem}-frontier{self.suffix}.png"),
-                              f"{self.frontier_engine}\n{self.cpu}, run {self.run_id}, commit {self.commit}")
         print_table(rows, self.log)
         return self.headline(rows)
 
