@@ -51,6 +51,7 @@ Context::Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* k
     part_.resize(size_t(kChunk) * c.n_head * ((n_ctx + kSplit - 1) / kSplit) * (c.head_dim + 2));
     pending_.reset(new std::atomic<int>[size_t(c.n_head_kv) * kChunk]);  // units: at most one per (kv head, token)
     logits_.assign(c.vocab_size, 0.0f);
+    rope_cs_.resize(size_t(kChunk) * c.head_dim);
     const size_t max_cols = std::max({c.n_embd, c.q_dim(), c.n_ff});
     for (int i = 0; i < 3; ++i) {
         act_q_[i].resize(size_t(kChunk) * max_cols);
@@ -90,15 +91,18 @@ void Context::matmuls(std::initializer_list<MatJob> jobs, int n) {
     QuantAct acts[3];
     const float* quantized[3] = {nullptr, nullptr, nullptr};
     int n_acts = 0;
-    std::vector<int> act_of(jobs.size(), -1);
+    int act_of[8] = {-1, -1, -1, -1, -1, -1, -1, -1};  // no allocation per dispatch
     int ji = 0;
     for (const MatJob& j : jobs) {
         if (j.w->packed && int8_) {
             int a = 0;
             while (a < n_acts && quantized[a] != j.x) ++a;
             if (a == n_acts) {
-                const int64_t cols = j.w->cols;
-                k_.quantize_act(j.x, n, cols, act_q_[a].data(), act_d_[a].data(), act_s_[a].data(), act_ds_[a].data());
+                const int64_t cols = j.w->cols, nb = cols / QK;
+                for_tokens(n, [&](int t0, int t1) {
+                    k_.quantize_act(j.x + t0 * cols, t1 - t0, cols, act_q_[a].data() + t0 * cols, act_d_[a].data() + t0 * nb,
+                                    act_s_[a].data() + t0 * nb, act_ds_[a].data() + t0 * nb);
+                });
                 acts[a] = QuantAct{act_q_[a].data(), act_d_[a].data(), act_s_[a].data(), act_ds_[a].data(), cols};
                 quantized[a] = j.x, ++n_acts;
             }
@@ -129,20 +133,41 @@ void Context::matmuls(std::initializer_list<MatJob> jobs, int n) {
     });
 }
 
-void Context::apply_rope(float* v, int n_heads, int pos) const {
-    // Shared scalar code: sin/cos of (pos * inv_freq) rotate pairs of each head. neox pairs
-    // element i with i + d/2 (HF layout); otherwise adjacent elements 2i, 2i+1 (GGUF llama).
+void Context::for_tokens(int n, const std::function<void(int, int)>& fn) {
+    // Per-token work (norms, RoPE, residual adds, activation quantization) is split over the
+    // threads for a prefill chunk; for a decoded token a dispatch would cost more than the work.
+    const int nt = model_->pool.size();
+    if (n < 8 || nt == 1) return fn(0, n);
+    model_->pool.run(nt, [&](int part, int) {
+        const int t0 = n * part / nt, t1 = n * (part + 1) / nt;
+        if (t0 < t1) fn(t0, t1);
+    });
+}
+
+void Context::rope_table(int n) {
+    // cos/sin of pos * inv_freq for the chunk's positions, once per chunk instead of per layer
+    const int half = model_->cfg.head_dim / 2;
+    for (int t = 0; t < n; ++t)
+        for (int i = 0; i < half; ++i) {
+            const float angle = float(n_past_ + t) * model_->inv_freq[i];
+            rope_cs_[(size_t(t) * half + i) * 2] = std::cos(angle);
+            rope_cs_[(size_t(t) * half + i) * 2 + 1] = std::sin(angle);
+        }
+}
+
+void Context::apply_rope(float* v, int n_heads, const float* cs) const {
+    // cs: (head_dim / 2) pairs of cos, sin. neox pairs element i with i + d/2 (HF layout);
+    // otherwise adjacent elements 2i, 2i+1 (GGUF llama).
     const int d = model_->cfg.head_dim, half = d / 2;
     const bool neox = model_->cfg.rope_neox;
     for (int i = 0; i < half; ++i) {
-        const float angle = float(pos) * model_->inv_freq[i];
-        const float cs = std::cos(angle), sn = std::sin(angle);
+        const float cos_ = cs[2 * i], sin_ = cs[2 * i + 1];
         for (int h = 0; h < n_heads; ++h) {
             float* p = v + h * d;
             const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
             const float x0 = p[a], x1 = p[b];
-            p[a] = x0 * cs - x1 * sn;
-            p[b] = x0 * sn + x1 * cs;
+            p[a] = x0 * cos_ - x1 * sin_;
+            p[b] = x0 * sin_ + x1 * cos_;
         }
     }
 }
@@ -240,45 +265,58 @@ void Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
     for (int t = 0; t < n; ++t)  // x: (n, E)
         k_.dequant_row(m.tok_embd.type, m.tok_embd.row(tokens[t]), E, x_.data() + size_t(t) * E);
 
+    rope_table(n);
+    float *X = x_.data(), *XB = xb_.data();
     for (int l = 0; l < c.n_layer; ++l) {
         const Layer& L = m.layers[l];
-        for (int t = 0; t < n; ++t)  // xb: (n, E)
-            k_.rmsnorm(x_.data() + size_t(t) * E, L.attn_norm, E, c.rms_eps, xb_.data() + size_t(t) * E);
-        matmuls({{&L.wq, xb_.data(), q_.data()},     // (n, Q)
-                 {&L.wk, xb_.data(), kx_.data()},    // (n, KV)
-                 {&L.wv, xb_.data(), vx_.data()}},   // (n, KV)
-                n);
-        for (int t = 0; t < n; ++t) {
-            float *q = q_.data() + size_t(t) * Q, *k = kx_.data() + size_t(t) * KV, *v = vx_.data() + size_t(t) * KV;
-            if (L.bq) { k_.add(q, L.bq, Q); k_.add(k, L.bk, KV); k_.add(v, L.bv, KV); }
-            if (L.q_norm) {
-                for (int h = 0; h < c.n_head; ++h) k_.rmsnorm(q + h * hd, L.q_norm, hd, c.rms_eps, q + h * hd);
-                for (int h = 0; h < c.n_head_kv; ++h) k_.rmsnorm(k + h * hd, L.k_norm, hd, c.rms_eps, k + h * hd);
+        for_tokens(n, [&](int t0, int t1) {  // (previous layer's residual add,) xb = norm(x)
+            for (int t = t0; t < t1; ++t) {
+                if (l > 0) k_.add(X + size_t(t) * E, XB + size_t(t) * E, E);
+                k_.rmsnorm(X + size_t(t) * E, L.attn_norm, E, c.rms_eps, XB + size_t(t) * E);
             }
-            apply_rope(q, c.n_head, n_past_ + t);
-            apply_rope(k, c.n_head_kv, n_past_ + t);
-            if (kv_elem_ == 2) {
-                k_.to_f16(k, KV, kv_row<uint16_t>(kcache_, l, n_past_ + t));
-                k_.to_f16(v, KV, kv_row<uint16_t>(vcache_, l, n_past_ + t));
-            } else {
-                std::memcpy(kv_row<float>(kcache_, l, n_past_ + t), k, sizeof(float) * KV);
-                std::memcpy(kv_row<float>(vcache_, l, n_past_ + t), v, sizeof(float) * KV);
-            }
-        }
-        attention(l, n);                                   // att: (n, Q)
-        matmuls({{&L.wo, att_.data(), xb_.data()}}, n);   // (n, E)
-        for (int t = 0; t < n; ++t) k_.add(x_.data() + size_t(t) * E, xb_.data() + size_t(t) * E, E);
-
-        for (int t = 0; t < n; ++t)
-            k_.rmsnorm(x_.data() + size_t(t) * E, L.ffn_norm, E, c.rms_eps, xb_.data() + size_t(t) * E);
-        matmuls({{&L.gate, xb_.data(), gate_.data()},     // (n, F)
-                 {&L.up, xb_.data(), up_.data()}},        // (n, F)
+        });
+        matmuls({{&L.wq, XB, q_.data()},     // (n, Q)
+                 {&L.wk, XB, kx_.data()},    // (n, KV)
+                 {&L.wv, XB, vx_.data()}},   // (n, KV)
                 n);
-        for (int t = 0; t < n; ++t)
-            k_.swiglu(gate_.data() + size_t(t) * F, up_.data() + size_t(t) * F, F, gate_.data() + size_t(t) * F);
-        matmuls({{&L.down, gate_.data(), xb_.data()}}, n);  // (n, E)
-        for (int t = 0; t < n; ++t) k_.add(x_.data() + size_t(t) * E, xb_.data() + size_t(t) * E, E);
+        for_tokens(n, [&](int t0, int t1) {
+            for (int t = t0; t < t1; ++t) {
+                float *q = q_.data() + size_t(t) * Q, *k = kx_.data() + size_t(t) * KV, *v = vx_.data() + size_t(t) * KV;
+                if (L.bq) { k_.add(q, L.bq, Q); k_.add(k, L.bk, KV); k_.add(v, L.bv, KV); }
+                if (L.q_norm) {
+                    for (int h = 0; h < c.n_head; ++h) k_.rmsnorm(q + h * hd, L.q_norm, hd, c.rms_eps, q + h * hd);
+                    for (int h = 0; h < c.n_head_kv; ++h) k_.rmsnorm(k + h * hd, L.k_norm, hd, c.rms_eps, k + h * hd);
+                }
+                const float* cs = rope_cs_.data() + size_t(t) * hd;
+                apply_rope(q, c.n_head, cs);
+                apply_rope(k, c.n_head_kv, cs);
+                if (kv_elem_ == 2) {
+                    k_.to_f16(k, KV, kv_row<uint16_t>(kcache_, l, n_past_ + t));
+                    k_.to_f16(v, KV, kv_row<uint16_t>(vcache_, l, n_past_ + t));
+                } else {
+                    std::memcpy(kv_row<float>(kcache_, l, n_past_ + t), k, sizeof(float) * KV);
+                    std::memcpy(kv_row<float>(vcache_, l, n_past_ + t), v, sizeof(float) * KV);
+                }
+            }
+        });
+        attention(l, n);                            // att: (n, Q)
+        matmuls({{&L.wo, att_.data(), XB}}, n);    // (n, E)
+        for_tokens(n, [&](int t0, int t1) {  // x += attention; xb = norm(x)
+            for (int t = t0; t < t1; ++t) {
+                k_.add(X + size_t(t) * E, XB + size_t(t) * E, E);
+                k_.rmsnorm(X + size_t(t) * E, L.ffn_norm, E, c.rms_eps, XB + size_t(t) * E);
+            }
+        });
+        matmuls({{&L.gate, XB, gate_.data()},     // (n, F)
+                 {&L.up, XB, up_.data()}},        // (n, F)
+                n);
+        for_tokens(n, [&](int t0, int t1) {
+            for (int t = t0; t < t1; ++t)
+                k_.swiglu(gate_.data() + size_t(t) * F, up_.data() + size_t(t) * F, F, gate_.data() + size_t(t) * F);
+        });
+        matmuls({{&L.down, gate_.data(), XB}}, n);  // (n, E); added to x at the next layer's start
     }
+    for (int t = 0; t < n; ++t) k_.add(X + size_t(t) * E, XB + size_t(t) * E, E);  // the last layer's MLP
     n_past_ += n;
 
     // The head: every token's logits when asked for, else only the last token's.

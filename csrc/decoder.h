@@ -3,6 +3,7 @@
 // snapshot is the rows themselves plus the last logits: restore is bit exact.
 #pragma once
 #include <atomic>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -48,7 +49,9 @@ class Context {
     // gate/up): a decoded token is a few hundred small jobs, so dispatches are worth saving.
     struct MatJob { const WeightView* w; const float* x; float* y; };
     void matmuls(std::initializer_list<MatJob> jobs, int n);
-    void apply_rope(float* v, int n_heads, int pos) const;
+    void rope_table(int n);                                             // rope_cs_ for the chunk
+    void apply_rope(float* v, int n_heads, const float* cs) const;
+    void for_tokens(int n, const std::function<void(int, int)>& fn);   // fn(t0, t1) over parts
 
     std::shared_ptr<const Model> model_;
     const Kernels& k_;
@@ -74,6 +77,7 @@ class Context {
     std::vector<int32_t> act_s_[3];
     std::vector<float> act_ds_[3];
     std::vector<float> logits_;  // (vocab)
+    std::vector<float> rope_cs_; // (kChunk, head_dim / 2, 2): cos, sin
 };
 
 }  // namespace zen5
