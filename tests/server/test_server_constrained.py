@@ -22,7 +22,6 @@ real `openai` and `anthropic` SDKs at temperature 1:
 from __future__ import annotations
 
 import json
-import random
 import re
 import time
 
