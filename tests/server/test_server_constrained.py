@@ -13,8 +13,10 @@ real `openai` and `anthropic` SDKs at temperature 1:
 * `parallel_tool_calls: false` / `disable_parallel_tool_use` give at most one call, `none` none
   (on the tool-tuned model, which does call under `auto`), a Responses custom tool's input
   matches its Lark or regex grammar (non-streaming and streamed with its
-  `response.custom_tool_call_input.*` events) and replays live through `custom_tool_call_output`,
-  malformed formats and tool choices are 400s naming the field.
+  `response.custom_tool_call_input.*` events) and replays live through `custom_tool_call_output`;
+  the same through Chat Completions (`{"type": "custom", "custom": {...}}` tools and tool calls,
+  streamed `custom.input` fragments, replayed with a `tool` message); malformed formats, tools
+  and tool choices are 400s naming the field.
 * DeepSeek V4 (the tiny random-weight model): a forced call through the server is DSML that the
   strict official parser reads, in chat mode and in thinking mode under Anthropic's
   `budget_tokens`; a json_schema response format is stated in the prompt.
@@ -448,6 +450,86 @@ def test_custom_tool_call_output_replays_live(smollm2_server):
     assert rec["cache"]["source"] == "live" and rec["diagnostics"] == [], rec
 
 
+# ---- Chat Completions custom tools ----------------------------------------------------------------
+CHAT_PATCH_TOOL = {"type": "custom", "custom": {
+    "name": "apply_patch", "description": "Apply a patch to the files",
+    "format": {"type": "grammar", "grammar": {"syntax": "lark", "definition": PATCH_GRAMMAR}}}}
+CHAT_WORDS_TOOL = {"type": "custom", "custom": {
+    "name": "say", "description": "Say a few words",
+    "format": {"type": "grammar", "grammar": {"syntax": "regex", "definition": WORDS}}}}
+
+
+def delta_custom(tc) -> dict:
+    """A streamed tool-call delta's `custom` part (this SDK keeps it as an untyped extra field)."""
+    c = getattr(tc, "custom", None)
+    return {} if c is None else c if isinstance(c, dict) else c.model_dump(exclude_none=True)
+
+
+def test_chat_custom_tool_calls_follow_their_grammar(smollm2_server):
+    srv, checker = smollm2_server, Lark(PATCH_GRAMMAR, parser="earley")
+    client = openai_client(srv)
+    msgs = [{"role": "user", "content": PATCH_PROMPT}]
+    for i in range(4):
+        choice = {"type": "custom", "custom": {"name": "apply_patch"}} if i % 2 else "required"
+        r = client.chat.completions.create(model="m", messages=msgs, tools=[CHAT_PATCH_TOOL], tool_choice=choice,
+                                           parallel_tool_calls=False, temperature=HOT, seed=i, max_tokens=200)
+        m = r.choices[0].message
+        assert r.choices[0].finish_reason == "tool_calls" and len(m.tool_calls) == 1, m
+        call = m.tool_calls[0]
+        assert call.type == "custom" and call.custom.name == "apply_patch" and call.id.startswith("call_")
+        checker.parse(call.custom.input)
+    # a regex custom tool beside a function tool, forced by name
+    shell = {"type": "function", "function": {k: v for k, v in SHELL_TOOL.items() if k != "type"}}
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Say something nice."}],
+                                       tools=[shell, CHAT_WORDS_TOOL], tool_choice={"type": "custom", "custom": {
+                                           "name": "say"}}, parallel_tool_calls=False, temperature=HOT, seed=9,
+                                       max_tokens=60)
+    (call,) = r.choices[0].message.tool_calls
+    assert call.type == "custom" and re.fullmatch(WORDS, call.custom.input), call
+
+
+def test_chat_custom_tool_call_streams_its_input(smollm2_server):
+    srv, checker = smollm2_server, Lark(PATCH_GRAMMAR, parser="earley")
+    deltas, finish = [], None
+    for chunk in openai_client(srv).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": PATCH_PROMPT}], tools=[CHAT_PATCH_TOOL],
+            tool_choice="required", parallel_tool_calls=False, temperature=HOT, seed=5, max_tokens=200,
+            stream=True):
+        for choice in chunk.choices:
+            finish = choice.finish_reason or finish
+            assert not choice.delta.content
+            deltas += choice.delta.tool_calls or []
+    assert finish == "tool_calls" and deltas
+    first, rest = deltas[0], deltas[1:]
+    assert first.id.startswith("call_") and first.type == "custom" and first.function is None
+    assert delta_custom(first) == {"name": "apply_patch", "input": ""}
+    assert all(d.index == 0 and d.id is None and d.function is None and set(delta_custom(d)) == {"input"}
+               for d in rest)
+    streamed = "".join(delta_custom(d)["input"] for d in rest)
+    checker.parse(streamed)
+    (logged,) = srv.trace()[-1]["output"]["tool_calls"]
+    assert logged["id"] == first.id and json.loads(logged["arguments"])["input"] == streamed
+
+
+def test_chat_custom_tool_call_replays_live(smollm2_server):
+    """The client sends back the assistant message with its custom tool call and a `tool` result:
+    the server continues from the live state, the call re-rendered byte for byte, no degrade."""
+    srv, client = smollm2_server, openai_client(smollm2_server)
+    msgs = [{"role": "user", "content": PATCH_PROMPT}]
+    r = client.chat.completions.create(model="m", messages=msgs, tools=[CHAT_PATCH_TOOL], tool_choice="required",
+                                       parallel_tool_calls=False, temperature=HOT, seed=11, max_tokens=200)
+    m = r.choices[0].message
+    (call,) = m.tool_calls
+    msgs += [m.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": "Done!"}]
+    assert msgs[1]["tool_calls"][0]["type"] == "custom"
+    r2 = client.chat.completions.create(model="m", messages=msgs, tools=[CHAT_PATCH_TOOL], temperature=0,
+                                        max_tokens=16)
+    rec = srv.trace()[-1]
+    assert rec["cache"]["source"] == "live" and rec["diagnostics"] == [], rec
+    assert r2.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens + r.usage.completion_tokens - 1
+    assert json.dumps(call.custom.input, ensure_ascii=False)[1:-1] in rec["prompt"]
+
+
 # ---- echoes and 400s ------------------------------------------------------------------------------
 def test_responses_echo_parallel_and_format(smollm2_server):
     fmt = {"type": "json_schema", "name": "verdict", "strict": True, "schema": ANSWERS[2]}
@@ -488,6 +570,37 @@ BAD = [  # (path, body, words the error message must contain)
     ("/v1/chat/completions", {**CHAT_MSG, "tool_choice": "required"}, ["required", "tool"]),
     ("/v1/chat/completions", {**CHAT_MSG, "tools": [{**FN, "function": {**FN["function"], "strict": 1}}]},
      ["tools[0].function.strict", "boolean"]),
+    ("/v1/chat/completions", {**CHAT_MSG, "tools": [{"type": "custom", "name": "p"}]},
+     ["tools[0].custom", "required"]),
+    ("/v1/chat/completions", {**CHAT_MSG, "tools": [{"type": "custom", "custom": {"format": {"type": "text"}}}]},
+     ["tools[0].custom.name", "required"]),
+    ("/v1/chat/completions", {**CHAT_MSG, "tools": [{"type": "custom", "custom": {"name": "p", "format": {
+        "type": "yaml"}}}]}, ["tools[0].custom.format.type", "'yaml'"]),
+    ("/v1/chat/completions", {**CHAT_MSG, "tools": [{"type": "custom", "custom": {"name": "p", "format": {
+        "type": "grammar", "syntax": "lark", "definition": "start: \"x\""}}}]},   # the Responses shape
+     ["tools[0].custom.format.grammar", "required"]),
+    ("/v1/chat/completions", {**CHAT_MSG, "tools": [{"type": "custom", "custom": {"name": "p", "format": {
+        "type": "grammar", "grammar": {"syntax": "ebnf", "definition": "x"}}}}]},
+     ["tools[0].custom.format.grammar.syntax", "'ebnf'"]),
+    ("/v1/chat/completions", {**CHAT_MSG, "tools": [{"type": "custom", "custom": {"name": "p", "format": {
+        "type": "grammar", "grammar": {"syntax": "lark"}}}}]},
+     ["tools[0].custom.format.grammar.definition", "required"]),
+    ("/v1/chat/completions", {**CHAT_MSG, "tools": [{"type": "custom", "custom": {"name": "p", "format": {
+        "type": "grammar", "grammar": {"syntax": "lark", "definition": "start: ("}}}}], "tool_choice": "required"},
+     ["custom tool 'p'", "grammar"]),
+    ("/v1/chat/completions", {**CHAT_MSG, "tools": [FN], "tool_choice": {"type": "custom"}},
+     ["tool_choice.custom", "required"]),
+    ("/v1/chat/completions", {**CHAT_MSG, "tools": [FN], "tool_choice": {"type": "custom", "custom": {
+        "name": "g"}}}, ["'g'", "not among the tools"]),
+    ("/v1/chat/completions", {**CHAT_MSG, "tools": [FN], "tool_choice": {"type": "allowed_tools"}},
+     ["tool_choice.type", "'allowed_tools'"]),
+    ("/v1/chat/completions", {**CHAT_MSG, "messages": [CHAT_MSG["messages"][0], {
+        "role": "assistant", "tool_calls": [{"id": "call_1", "type": "custom"}]}]},
+     ["messages[1].tool_calls[0].custom", "required"]),
+    ("/v1/chat/completions", {**CHAT_MSG, "messages": [CHAT_MSG["messages"][0], {
+        "role": "assistant", "tool_calls": [{"id": "call_1", "type": "custom",
+                                             "custom": {"name": "p", "input": 3}}]}]},
+     ["messages[1].tool_calls[0].custom.input", "string"]),
     ("/v1/responses", {**RESP_MSG, "text": {"format": {"type": "xml"}}}, ["text.format.type", "'xml'"]),
     ("/v1/responses", {**RESP_MSG, "text": {"format": {"type": "json_schema", "name": "x"}}},
      ["text.format.schema", "required"]),

@@ -11,6 +11,14 @@ call carries id, type and name), a chunk with `finish_reason`, then with
 reported as `usage.prompt_tokens_details.cached_tokens`. `tool_choice`, `parallel_tool_calls`,
 `response_format` and function `strict` become the neutral constraint fields (constraints.py
 enforces them while decoding); a malformed value is a 400 naming the field.
+
+Custom (free-form) tools: `{"type": "custom", "custom": {"name", "description", "format"}}` with
+format `{"type": "text"}` (the default) or `{"type": "grammar", "grammar": {"syntax": "lark" |
+"regex", "definition"}}`; the input is constrained to the grammar. Their calls come back as
+`{"id", "type": "custom", "custom": {"name", "input"}}` (streamed: the first fragment carries id,
+type and name, later ones `custom.input` pieces that concatenate to the input), `tool_choice`
+`{"type": "custom", "custom": {"name"}}` forces one, and a replayed custom call plus its `tool`
+result continue from the live state like a function call.
 """
 from __future__ import annotations
 
@@ -22,8 +30,9 @@ from zen5.api.conversations import Reply
 from zen5.api.errors import ApiError, bad_request, openai_body
 from zen5.api.fields import (arguments_text, at, get_bool, get_int, get_list, get_num, get_obj,
                              get_stop, get_str, obj, one_of, output_format, text_parts)
+from zen5.api.openai_responses import _InputStream
 from zen5.chat_types import (ChatRequest, Finish, Message, TextBlock, TextDelta, ThinkingBlock,
-                             ThinkingDelta, ToolCallDelta, ToolCallStart,
+                             ThinkingDelta, ToolCallDelta, ToolCallDone, ToolCallStart,
                              ToolResultBlock, ToolSpec, ToolUseBlock)
 
 STYLE = "openai"
@@ -103,9 +112,15 @@ def _assistant(m: dict, path: str, ctx: ApiContext) -> Message:
         blocks.append(TextBlock(text))
     for j, call in enumerate(get_list(m, "tool_calls", path)):
         c, cpath = obj(call, at(f"{path}.tool_calls", j)), at(f"{path}.tool_calls", j)
+        kind = one_of(get_str(c, "type", cpath, default="function"), ("function", "custom"), f"{cpath}.type")
+        call_id = get_str(c, "id", cpath, required=True)
+        if kind == "custom":  # a call with one string argument, `input`, as on the Responses path
+            cu, upath = get_obj(c, "custom", cpath, required=True), f"{cpath}.custom"
+            blocks.append(ToolUseBlock.from_custom_input(call_id, get_str(cu, "name", upath, required=True),
+                                                         get_str(cu, "input", upath, default="")))
+            continue
         fn = get_obj(c, "function", cpath, required=True)
-        blocks.append(ToolUseBlock(get_str(c, "id", cpath, required=True),
-                                   get_str(fn, "name", f"{cpath}.function", required=True),
+        blocks.append(ToolUseBlock(call_id, get_str(fn, "name", f"{cpath}.function", required=True),
                                    arguments_text(fn.get("arguments", "{}"), f"{cpath}.function.arguments")))
     return Message("assistant", tuple(blocks))
 
@@ -114,8 +129,12 @@ def _tools(items: list) -> tuple[ToolSpec, ...]:
     out = []
     for i, item in enumerate(items):
         t, path = obj(item, at("tools", i)), at("tools", i)
-        if t.get("type", "function") != "function":
-            continue  # custom / built-in tools: nothing this server can offer the model
+        kind = t.get("type", "function")
+        if kind == "custom":
+            out.append(_custom_tool(get_obj(t, "custom", path, required=True), f"{path}.custom"))
+            continue
+        if kind != "function":
+            continue  # built-in tools: nothing this server can offer the model
         fn, fpath = get_obj(t, "function", path, required=True), f"{path}.function"
         params = get_obj(fn, "parameters", fpath) or {"type": "object", "properties": {}}
         out.append(ToolSpec(get_str(fn, "name", fpath, required=True), get_str(fn, "description", fpath, default=""),
@@ -123,8 +142,24 @@ def _tools(items: list) -> tuple[ToolSpec, ...]:
     return tuple(out)
 
 
+def _custom_tool(c: dict, path: str) -> ToolSpec:
+    """A tool's `custom` object: {"name", "description", "format": {"type": "text"} | {"type":
+    "grammar", "grammar": {"syntax": "lark" | "regex", "definition"}}} (no format: free text).
+    Whether the grammar compiles is the session's question (a 400 too)."""
+    name, about = get_str(c, "name", path, required=True), get_str(c, "description", path, default="")
+    fmt, fpath = get_obj(c, "format", path), at(path, "format")
+    kind = one_of(get_str(fmt, "type", fpath, default="text"), ("text", "grammar"), at(fpath, "type"))
+    if kind == "text":
+        return ToolSpec(name, about, kind="custom")
+    grammar, gpath = get_obj(fmt, "grammar", fpath, required=True), at(fpath, "grammar")
+    syntax = one_of(get_str(grammar, "syntax", gpath, required=True), ("lark", "regex"), at(gpath, "syntax"))
+    return ToolSpec(name, about, kind="custom", grammar=get_str(grammar, "definition", gpath, required=True),
+                    grammar_syntax=syntax)
+
+
 def _tool_choice(body: dict):
-    """tool_choice: "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}."""
+    """tool_choice: "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}
+    | {"type": "custom", "custom": {"name": ...}}."""
     tc = body.get("tool_choice")
     if tc is None:
         return "auto"
@@ -132,12 +167,12 @@ def _tool_choice(body: dict):
         return one_of(tc, ("none", "auto", "required"), "tool_choice")
     tc = obj(tc, "tool_choice")
     kind = get_str(tc, "type", "tool_choice", default="function")
-    if kind != "function":
+    if kind not in ("function", "custom"):
         raise bad_request(f"tool_choice.type: {kind!r} is not supported; use \"none\", \"auto\", "
-                          "\"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}",
-                          param="tool_choice.type")
-    fn = get_obj(tc, "function", "tool_choice", required=True)
-    return {"name": get_str(fn, "name", "tool_choice.function", required=True)}
+                          "\"required\", {\"type\": \"function\", \"function\": {\"name\": ...}} or "
+                          "{\"type\": \"custom\", \"custom\": {\"name\": ...}}", param="tool_choice.type")
+    named = get_obj(tc, kind, "tool_choice", required=True)
+    return {"name": get_str(named, "name", f"tool_choice.{kind}", required=True)}
 
 
 def _response_format(body: dict) -> dict | None:
@@ -161,11 +196,16 @@ def body(turn: Turn, reply: Reply, ctx: ApiContext) -> dict:
     if reply.thinking:
         msg["reasoning_content"] = "".join(t.text for t in reply.thinking)
     if reply.tool_calls:
-        msg["tool_calls"] = [{"id": c.id, "type": "function",
-                              "function": {"name": c.name, "arguments": c.arguments}} for c in reply.tool_calls]
+        msg["tool_calls"] = [_call(c) for c in reply.tool_calls]
     choice = {"index": 0, "message": msg, "finish_reason": reply.finish.reason, "logprobs": None}
     return {"id": turn.id, "object": "chat.completion", "created": turn.created, "model": turn.model,
             "choices": [choice], "usage": usage(reply.finish)}
+
+
+def _call(c: ToolCallDone) -> dict:
+    if c.kind == "custom":
+        return {"id": c.id, "type": "custom", "custom": {"name": c.name, "input": c.input or ""}}
+    return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
 
 
 def remember(turn: Turn, reply: Reply, ctx: ApiContext) -> None:
@@ -176,6 +216,7 @@ def remember(turn: Turn, reply: Reply, ctx: ApiContext) -> None:
 class Stream:
     def __init__(self, turn: Turn, ctx: ApiContext):
         self.turn = turn
+        self.custom: dict[str, list] = {}       # open custom call id -> [input decoder, input sent]
 
     def _chunk(self, delta: dict, finish: str | None = None) -> str:
         return sse({"id": self.turn.id, "object": "chat.completion.chunk", "created": self.turn.created,
@@ -196,11 +237,22 @@ class Stream:
             return self._chunk({"reasoning_content": ev.text})
         if isinstance(ev, TextDelta):
             return self._chunk({"content": ev.text})
+        if isinstance(ev, ToolCallStart) and ev.kind == "custom":
+            self.custom[ev.id] = [_InputStream(), ""]
+            return self._chunk({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "custom",
+                                                "custom": {"name": ev.name, "input": ""}}]})
         if isinstance(ev, ToolCallStart):
             return self._chunk({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function",
                                                 "function": {"name": ev.name, "arguments": ""}}]})
+        if isinstance(ev, ToolCallDelta) and ev.id in self.custom:
+            # the session streams the JSON text {"input": "..."}; the wire carries the decoded input
+            return self._input(ev.index, ev.id, self.custom[ev.id][0].feed(ev.fragment))
         if isinstance(ev, ToolCallDelta):
             return self._chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.fragment}}]})
+        if isinstance(ev, ToolCallDone) and ev.id in self.custom:
+            # whatever the decoder could not follow (normally nothing) completes the input
+            sent, final = self.custom.pop(ev.id)[1], ev.input or ""
+            return self._input(ev.index, None, final[len(sent):] if final.startswith(sent) else "")
         if isinstance(ev, Finish):
             out = self._chunk({}, ev.reason)
             if self.turn.include_usage:
@@ -208,3 +260,11 @@ class Stream:
                             "model": self.turn.model, "choices": [], "usage": usage(ev)})
             return out + "data: [DONE]\n\n"
         return ""
+
+    def _input(self, index: int, call_id: str | None, text: str) -> str:
+        """A custom call's input fragment (`call_id`: the open call whose sent input it extends)."""
+        if not text:
+            return ""
+        if call_id is not None:
+            self.custom[call_id][1] += text
+        return self._chunk({"tool_calls": [{"index": index, "custom": {"input": text}}]})

@@ -393,7 +393,9 @@ class _InputStream:
     """A custom tool call's input as it streams. The session streams the call's arguments, the
     JSON text of {"input": "..."}, in fragments; `feed` returns the newly decodable part of the
     string: up to the closing quote, never ending inside an escape or a surrogate pair. Text it
-    cannot follow yields nothing; `response.custom_tool_call_input.done` carries the whole input."""
+    cannot follow yields nothing; `response.custom_tool_call_input.done` carries the whole input
+    (Chat Completions, which has no such event, streams the rest at the call's end). Shared by
+    both OpenAI adapters."""
 
     def __init__(self):
         self.raw = ""

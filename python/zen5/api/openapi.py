@@ -62,23 +62,41 @@ _OPENAI_SAMPLING = {"temperature": {"type": "number", "minimum": 0, "maximum": 2
                     "top_p": {"type": "number", "minimum": 0, "maximum": 1},
                     "stream": _BOOL, "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}}}
 
+_NAMED = {"type": "object", "required": ["name"], "properties": {"name": _STR}}
+_CUSTOM_FORMAT = {"type": "object", "required": ["type"], "properties": {   # Chat custom tools
+    "type": {"type": "string", "enum": ["text", "grammar"]},
+    "grammar": {"type": "object", "required": ["syntax", "definition"], "properties": {
+        "syntax": {"type": "string", "enum": ["lark", "regex"]}, "definition": _STR}}}}
+
 _CHAT = {"type": "object", "required": ["model", "messages"], "properties": {
     "model": _STR,
     "messages": {"type": "array", "items": {"type": "object", "required": ["role"], "properties": {
         "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
         "content": {"anyOf": [_STR, {"type": "null"}, {"type": "array", "items": _TEXT_PART}]},
         "reasoning_content": _STR, "tool_call_id": _STR,
-        "tool_calls": {"type": "array", "items": {"type": "object", "required": ["id", "function"], "properties": {
-            "id": _STR, "type": {"type": "string", "enum": ["function"]},
-            "function": {"type": "object", "required": ["name"], "properties": {"name": _STR, "arguments": _STR}}}}}}}},
-    "tools": {"type": "array", "items": {"type": "object", "required": ["type", "function"], "properties": {
-        "type": {"type": "string", "enum": ["function"]},
-        "function": {"type": "object", "required": ["name"], "properties": {
-            "name": _STR, "description": _STR, "parameters": _OBJ, "strict": _BOOL}}}}},
+        "tool_calls": {"type": "array", "items": {"anyOf": [
+            {"type": "object", "required": ["id", "function"], "properties": {
+                "id": _STR, "type": {"type": "string", "enum": ["function"]},
+                "function": {"type": "object", "required": ["name"], "properties": {
+                    "name": _STR, "arguments": _STR}}}},
+            {"type": "object", "required": ["id", "type", "custom"], "properties": {
+                "id": _STR, "type": {"type": "string", "enum": ["custom"]},
+                "custom": {"type": "object", "required": ["name"], "properties": {
+                    "name": _STR, "input": _STR}}}}]}}}}},
+    "tools": {"type": "array", "items": {"anyOf": [
+        {"type": "object", "required": ["type", "function"], "properties": {
+            "type": {"type": "string", "enum": ["function"]},
+            "function": {"type": "object", "required": ["name"], "properties": {
+                "name": _STR, "description": _STR, "parameters": _OBJ, "strict": _BOOL}}}},
+        {"type": "object", "required": ["type", "custom"], "properties": {
+            "type": {"type": "string", "enum": ["custom"]},
+            "custom": {"type": "object", "required": ["name"], "properties": {
+                "name": _STR, "description": _STR, "format": _CUSTOM_FORMAT}}}}]}},
     "tool_choice": {"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]}, {
         "type": "object", "required": ["type", "function"], "properties": {
-            "type": {"type": "string", "enum": ["function"]},
-            "function": {"type": "object", "required": ["name"], "properties": {"name": _STR}}}}]},
+            "type": {"type": "string", "enum": ["function"]}, "function": _NAMED}}, {
+        "type": "object", "required": ["type", "custom"], "properties": {
+            "type": {"type": "string", "enum": ["custom"]}, "custom": _NAMED}}]},
     "parallel_tool_calls": _BOOL,
     "response_format": {**_OPENAI_FORMAT, "properties": {
         **_OPENAI_FORMAT["properties"], "json_schema": {"type": "object", "required": ["schema"],
