@@ -122,7 +122,7 @@ start: "*** Begin Patch\n" hunk hunk? "*** End Patch"
 hunk: "*** Add File: " FILENAME "\n" line line?
 line: "+" LINE "\n"
 FILENAME: /[a-z_]{1,12}\.py/
-LINE: /[^\n]{1,30}/
+LINE: /[ -~]{1,30}/
 '''
 PATCH_TOOL = {"type": "custom", "name": "apply_patch", "description": "Apply a patch to the files",
               "format": {"type": "grammar", "syntax": "lark", "definition": PATCH_GRAMMAR}}
@@ -363,6 +363,11 @@ def test_auto_with_parallel_false_and_none_on_the_tool_model(tools_server):
 
 # ---- Responses custom tools ---------------------------------------------------------------------
 PATCH_PROMPT = "Create hello.py that prints hello."
+# The grammar bounds a patch to 211 printable ASCII characters; with JSON escapes (at most one
+# extra character each) and the tool-call wrapper that is under 400 tokens even at one token per
+# character, so a call at temperature 1 always ends inside this budget (200 was occasionally too
+# few: the response came back incomplete).
+PATCH_MAX = 400
 
 
 def test_custom_tool_calls_follow_their_grammar(smollm2_server):
@@ -371,7 +376,7 @@ def test_custom_tool_calls_follow_their_grammar(smollm2_server):
     for i in range(6):
         choice = {"type": "custom", "name": "apply_patch"} if i % 2 else "required"
         r = client.responses.create(model="m", input=PATCH_PROMPT, tools=[PATCH_TOOL], tool_choice=choice,
-                                    parallel_tool_calls=False, temperature=HOT, max_output_tokens=200)
+                                    parallel_tool_calls=False, temperature=HOT, max_output_tokens=PATCH_MAX)
         items = [o for o in r.output if o.type == "custom_tool_call"]
         assert r.status == "completed" and len(items) == 1 and not [o for o in r.output if o.type == "function_call"]
         item = items[0]
@@ -395,7 +400,7 @@ def test_custom_tool_calls_follow_their_grammar(smollm2_server):
 def test_custom_tool_call_streams_its_input_events(smollm2_server):
     srv, checker = smollm2_server, Lark(PATCH_GRAMMAR, parser="earley")
     body = {"model": "m", "input": PATCH_PROMPT, "tools": [PATCH_TOOL], "tool_choice": "required",
-            "parallel_tool_calls": False, "temperature": HOT, "max_output_tokens": 200, "stream": True}
+            "parallel_tool_calls": False, "temperature": HOT, "max_output_tokens": PATCH_MAX, "stream": True}
     r = requests.post(srv.url + "/v1/responses", json=body, stream=True, timeout=120)
     assert r.status_code == 200
     events = [(n, d) for n, d in sse_events(r) if n != "comment"]
@@ -429,7 +434,7 @@ def test_custom_tool_call_output_replays_live(smollm2_server):
     srv, client = smollm2_server, openai_client(smollm2_server)
     r = client.responses.create(model="m", input=[{"role": "user", "content": PATCH_PROMPT}], tools=[PATCH_TOOL],
                                 tool_choice="required", parallel_tool_calls=False, store=False, temperature=HOT,
-                                max_output_tokens=200)
+                                max_output_tokens=PATCH_MAX)
     (call,) = r.output
     replay = [{"role": "user", "content": PATCH_PROMPT}, call.model_dump(exclude_none=True),
               {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Done!"}]
@@ -441,7 +446,7 @@ def test_custom_tool_call_output_replays_live(smollm2_server):
     assert json.dumps(call.input, ensure_ascii=False)[1:-1] in rec["prompt"]
     # stored: previous_response_id carries the custom call the same way
     r = client.responses.create(model="m", input=PATCH_PROMPT, tools=[PATCH_TOOL], tool_choice="required",
-                                parallel_tool_calls=False, temperature=HOT, max_output_tokens=200)
+                                parallel_tool_calls=False, temperature=HOT, max_output_tokens=PATCH_MAX)
     client.responses.create(model="m", previous_response_id=r.id, tools=[PATCH_TOOL], temperature=0,
                             max_output_tokens=16,
                             input=[{"type": "custom_tool_call_output", "call_id": r.output[0].call_id,
@@ -472,7 +477,7 @@ def test_chat_custom_tool_calls_follow_their_grammar(smollm2_server):
     for i in range(4):
         choice = {"type": "custom", "custom": {"name": "apply_patch"}} if i % 2 else "required"
         r = client.chat.completions.create(model="m", messages=msgs, tools=[CHAT_PATCH_TOOL], tool_choice=choice,
-                                           parallel_tool_calls=False, temperature=HOT, seed=i, max_tokens=200)
+                                           parallel_tool_calls=False, temperature=HOT, seed=i, max_tokens=PATCH_MAX)
         m = r.choices[0].message
         assert r.choices[0].finish_reason == "tool_calls" and len(m.tool_calls) == 1, m
         call = m.tool_calls[0]
@@ -493,7 +498,7 @@ def test_chat_custom_tool_call_streams_its_input(smollm2_server):
     deltas, finish = [], None
     for chunk in openai_client(srv).chat.completions.create(
             model="m", messages=[{"role": "user", "content": PATCH_PROMPT}], tools=[CHAT_PATCH_TOOL],
-            tool_choice="required", parallel_tool_calls=False, temperature=HOT, seed=5, max_tokens=200,
+            tool_choice="required", parallel_tool_calls=False, temperature=HOT, seed=5, max_tokens=PATCH_MAX,
             stream=True):
         for choice in chunk.choices:
             finish = choice.finish_reason or finish
@@ -517,7 +522,7 @@ def test_chat_custom_tool_call_replays_live(smollm2_server):
     srv, client = smollm2_server, openai_client(smollm2_server)
     msgs = [{"role": "user", "content": PATCH_PROMPT}]
     r = client.chat.completions.create(model="m", messages=msgs, tools=[CHAT_PATCH_TOOL], tool_choice="required",
-                                       parallel_tool_calls=False, temperature=HOT, seed=11, max_tokens=200)
+                                       parallel_tool_calls=False, temperature=HOT, seed=11, max_tokens=PATCH_MAX)
     m = r.choices[0].message
     (call,) = m.tool_calls
     msgs += [m.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": "Done!"}]
