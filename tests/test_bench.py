@@ -97,12 +97,12 @@ def test_report_renders_latest_full_run_between_markers(tmp_path):
     with (tmp_path / "Test_CPU-frontier.csv").open("w") as fh:
         fh.write(",".join(FRONTIER_COLUMNS) + "\n512,512,900.0,32,250.0,1\n8192,512,600.0,32,200.0,16\n")
     readme = tmp_path / "README.md"
-    readme.write_text("# x\n\n## Performance\n<!-- bench:start -->\nold\n<!-- bench:end -->\n\n## Next\nkeep\n")
+    readme.write_text("# x\n\n## Performance\n<!-- bench:start -->\nSTALE TABLE\n<!-- bench:end -->\n\n## Next\nkeep\n")
     report.update_readme(tmp_path, readme)
     text = readme.read_text()
-    assert "old" not in text and text.startswith("# x\n\n## Performance\n") and text.endswith("## Next\nkeep\n")
-    assert "| Q4_1 | 2 | pp512 | **300** | 100 (3.00x) | 400 (0.75x) | 25% |" in text
-    assert "| Q8_0 | 2 | pp512 | **150** | - | 400 (0.38x) | 25% |" in text  # torch rows serve every quant
+    assert "STALE TABLE" not in text and text.startswith("# x\n\n## Performance\n") and text.endswith("## Next\nkeep\n")
+    assert "| Q4_1 | 2 | pp512 | 300 | 100 (3.00x) | **400 (0.75x)** | 25% |" in text  # the row's fastest in bold
+    assert "| Q8_0 | 2 | pp512 | 150 | - | **400 (0.38x)** | 25% |" in text  # torch rows serve every quant
     assert "2026-01-02T00:00:00" in text and "80% of decode at 512" in text
     assert "int8 VNNI 1,769 GOP/s" in text
     report.update_readme(tmp_path, readme)
