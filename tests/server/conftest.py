@@ -10,10 +10,10 @@ from serverlib import start_server
 @pytest.fixture(scope="session")
 def smollm2_server(tmp_path_factory):
     """The default model, with a small context so over-long prompts are cheap to build, and
-    keep-alives every 0.25 s so a test sees them during one long prefill (about a second on a
-    quiet machine with the int8 path)."""
+    keep-alives every 0.1 s so a test sees them during one long prefill (half a second to a
+    second on a quiet machine with the int8 path)."""
     srv = start_server("smollm2", tmp_path_factory.mktemp("server-smollm2"), "--ctx", "2048", "--threads", "2",
-                       "--keepalive", "0.25")
+                       "--keepalive", "0.1")
     yield srv
     srv.stop()
 
