@@ -90,8 +90,11 @@ start: "*** Begin Patch\n" hunk hunk? "*** End Patch"
 hunk: "*** Add File: " FILENAME "\n" line line?
 line: "+" LINE "\n"
 FILENAME: /[a-z_]{1,12}\.py/
-LINE: /[^\n]{1,30}/
+LINE: /[ -~]{1,30}/
 '''
+# The grammar bounds a patch to 211 printable ASCII characters: with the call's wrapper and JSON
+# escapes (one extra character at most each) it always ends within this many tokens.
+PATCH_MAX = 400
 PATCH = ToolSpec("apply_patch", "Apply a patch", kind="custom", grammar=PATCH_GRAMMAR)
 
 
@@ -353,7 +356,7 @@ def test_custom_tool_input_matches_its_grammar(smol):
     checker = Lark(PATCH_GRAMMAR, parser="earley")
     for i in range(20):
         ev, fin = chat(smol, "Create hello.py that prints hello.", tools=(TOOLS[0], PATCH),
-                       tool_choice={"name": "apply_patch"}, parallel_tool_calls=False, max_tokens=160)
+                       tool_choice={"name": "apply_patch"}, parallel_tool_calls=False, max_tokens=PATCH_MAX)
         calls = calls_of(ev)
         assert fin.reason == "tool_calls" and len(calls) == 1, (i, fin)
         assert calls[0].kind == "custom" and calls[0].input is not None
