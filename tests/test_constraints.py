@@ -298,7 +298,7 @@ def test_forced_calls_always_validate(smol):
     for i in range(100):
         choice = "required" if i % 2 else {"name": TOOLS[i % len(TOOLS)].name}
         ev, fin = chat(smol, rng.choice(PROMPTS), tools=TOOLS, tool_choice=choice,
-                       parallel_tool_calls=False, max_tokens=96)
+                       parallel_tool_calls=False, max_tokens=256)
         calls = calls_of(ev)
         assert fin.reason == "tool_calls" and len(calls) == 1, (i, fin, text_of(ev))
         if isinstance(choice, dict):

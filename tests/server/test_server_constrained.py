@@ -115,7 +115,9 @@ ANSWERS = [
 ]
 PROMPTS = ("Hello there!", "What can you do?", "Tell me a joke.", "I need help with my day.", "Paris or Rome?",
            "Good morning", "Plan my week please.", "What is 2+2?", "Describe yourself.", "Any news today?")
-CALL_TOKENS, ANSWER_TOKENS = 128, 128
+# Budgets well above what the bounded schemas need (strings and arrays have maxima), so a sampled
+# call or answer at temperature 1 is practically never cut short; most requests end far earlier.
+CALL_TOKENS, ANSWER_TOKENS = 256, 256
 
 PATCH_GRAMMAR = r'''
 start: "*** Begin Patch\n" hunk hunk? "*** End Patch"
