@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from zen5 import session as session_mod
 from zen5.chat_types import ChatRequest, Message, ToolResultBlock, ToolSpec, ToolUseBlock
 from zen5.engine import Engine
 from zen5.session import ChatSession
-from results_log import append_rows
+from results_log import append_rows, commit
 
 READ = ToolSpec("Read", "Reads a file", {"type": "object", "properties": {"path": {"type": "string"}},
                                          "required": ["path"]})
@@ -72,14 +71,13 @@ def main():
     script = Script(live)
     msgs = [Message.text("system", "You are a coding agent."), Message.text("user", "Summarize the handlers in src/.")]
     rows, i = [], 0
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     while True:
         call = f'<tool_call>\n{{"name": "Read", "arguments": {{"path": "src/part{i}.py"}}}}\n</tool_call>'
         cold_eng.reset()
         cold_ttft, cold_fin, _ = turn(cold, script, msgs, call)
         live_ttft, live_fin, events = turn(live, script, msgs, call)
         ctx = live_fin.usage.prompt_tokens
-        rows.append(dict(date=datetime.datetime.now().isoformat(timespec="seconds"), commit=commit,
+        rows.append(dict(date=datetime.datetime.now().isoformat(timespec="seconds"), commit=commit(),
                          threads=a.threads, turn=i, ctx_tokens=ctx,
                          live_source=live_fin.usage.cache_source, live_prefilled=live_fin.usage.prefilled_tokens,
                          live_ttft_ms=round(live_ttft * 1e3, 1), cold_prefilled=cold_fin.usage.prefilled_tokens,

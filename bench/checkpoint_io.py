@@ -21,24 +21,16 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 from zen5.checkpoints import CheckpointStore
 from zen5.engine import Engine
-from results_log import append_rows
+from results_log import append_rows, commit
 
 TEXT = ("The history of computing is a story of abstractions layered on top of one another. "
         "Each generation of engineers hides the details of the previous one, ") * 400
-
-
-def commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except Exception:
-        return "unknown"
 
 
 def evict_from_page_cache(path: Path) -> None:

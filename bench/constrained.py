@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ from zen5.chat_types import ChatRequest, Finish, Message, ToolSpec
 from zen5.engine import Engine
 from zen5.sampling import SamplingParams
 from zen5.session import ChatSession
-from results_log import append_rows
+from results_log import append_rows, commit
 
 WEATHER = ToolSpec("get_weather", "Get the weather forecast for a city", {
     "type": "object",
@@ -59,13 +58,6 @@ KINDS = {
     "json": ("Invent a detailed fictional person with many hobbies and a long biography.",
              {}, dict(response_format=PERSON)),
 }
-
-
-def commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except Exception:
-        return "unknown"
 
 
 class MaskTimer:

@@ -39,9 +39,7 @@ import argparse
 import csv
 import datetime
 import json
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, fields, replace
@@ -54,6 +52,7 @@ if str(HERE) not in sys.path:
 import frontier as frontier_mod  # noqa: E402
 import roofline  # noqa: E402
 from peers import ALL_PEERS, LLAMA_BUILDS, TORCH_DTYPES, LlamaBench, TorchWorker  # noqa: E402
+from results_log import commit, cpu_name  # noqa: E402
 from workload import QUANTS, ROOT, Zen5Runner, fixed_text, model_path, n_tokens, weight_stats  # noqa: E402
 
 MODES = ("roofline", "kernel", "peers", "frontier")
@@ -104,18 +103,6 @@ class BenchConfig:
 
 
 # ---------------------------------------------------------------- the machine and the checkout
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip().replace(" ", "_").replace("(R)", "")
-    return platform.machine()
-
-
-def commit() -> str:
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--", "csrc", "python", "bench") else "")
 
 
 def cpu_ticks() -> tuple[int, int]:

@@ -10,16 +10,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 
 from zen5.engine import Engine
-from results_log import append_rows
+from results_log import append_rows, commit, cpu_name
 
 TEXT = ("The history of computing is a story of abstractions layered on top of one another. "
         "Each generation of engineers hides the details of the previous one, ") * 64
@@ -27,20 +25,6 @@ TEXT = ("The history of computing is a story of abstractions layered on top of o
 
 def steal() -> int:
     return int(Path("/proc/stat").read_text().split("\n")[0].split()[8])
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip().replace(" ", "_").replace("(R)", "")
-    return platform.machine()
-
-
-def commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except Exception:
-        return "unknown"
 
 
 def measure(eng: Engine, n_prompt: int, n_gen: int) -> tuple[float, float]:

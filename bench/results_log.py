@@ -1,8 +1,9 @@
 """What every bench script shares: appending result rows to bench/results/*.csv (the header is
-written when the file is new) and the commit a run measured."""
+written when the file is new), the commit a run measured and the CPU's name."""
 from __future__ import annotations
 
 import csv
+import platform
 import subprocess
 from pathlib import Path
 
@@ -10,11 +11,19 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except Exception:
-        return "unknown"
+    """The checked-out commit, with "+dirty" when csrc/, python/ or bench/ differ from it."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=RESULTS.parent.parent, capture_output=True, text=True).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+dirty" if git("status", "--porcelain", "--", "csrc", "python", "bench") else "")
+
+
+def cpu_name() -> str:
+    """The CPU model, as a file-name-safe string (names bench/results/<cpu>*.csv)."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip().replace(" ", "_").replace("(R)", "")
+    return platform.machine()
 
 
 def append_rows(path: Path, rows: list[dict]) -> None:
