@@ -77,11 +77,11 @@ void register_kernels(py::module_& m) {
         const int n = int(x.shape(0));
         std::vector<int8_t> q(size_t(n) * cols);
         std::vector<float> d(size_t(n) * cols / QK);
-        std::vector<int32_t> s(size_t(n) * cols / QK);
+        std::vector<int32_t> c(size_t(n) * cols / QK);
         std::vector<float> ds(size_t(n) * cols / QK);
-        k.quantize_act(x.data(), n, cols, q.data(), d.data(), s.data(), ds.data());
+        k.quantize_act(x.data(), n, cols, n, q.data(), d.data(), c.data(), ds.data());
         py::array_t<float> y({py::ssize_t(n), py::ssize_t(rows)});
-        k.matmul_int8(pw, 0, rows, QuantAct{q.data(), d.data(), s.data(), ds.data(), cols}, n, y.mutable_data(), rows);
+        k.matmul_int8(pw, 0, rows, QuantAct{q.data(), d.data(), c.data(), ds.data(), cols, n}, n, y.mutable_data(), rows);
         return y;
     });
     m.def("kernel_dequant_row", [](const std::string& isa, int type, U8Array src, int64_t n) {

@@ -56,7 +56,7 @@ Context::Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* k
     for (int i = 0; i < 3; ++i) {
         act_q_[i].resize(size_t(kChunk) * max_cols);
         act_d_[i].resize(size_t(kChunk) * max_cols / QK + 1);
-        act_s_[i].resize(size_t(kChunk) * max_cols / QK + 1);
+        act_c_[i].resize(size_t(kChunk) * max_cols / QK + 1);
         act_ds_[i].resize(size_t(kChunk) * max_cols / QK + 1);
     }
 }
@@ -98,12 +98,12 @@ void Context::matmuls(std::initializer_list<MatJob> jobs, int n) {
             int a = 0;
             while (a < n_acts && quantized[a] != j.x) ++a;
             if (a == n_acts) {
-                const int64_t cols = j.w->cols, nb = cols / QK;
+                const int64_t cols = j.w->cols;
                 for_tokens(n, [&](int t0, int t1) {
-                    k_.quantize_act(j.x + t0 * cols, t1 - t0, cols, act_q_[a].data() + t0 * cols, act_d_[a].data() + t0 * nb,
-                                    act_s_[a].data() + t0 * nb, act_ds_[a].data() + t0 * nb);
+                    k_.quantize_act(j.x + t0 * cols, t1 - t0, cols, n, act_q_[a].data() + t0 * QK, act_d_[a].data() + t0,
+                                    act_c_[a].data() + t0, act_ds_[a].data() + t0);
                 });
-                acts[a] = QuantAct{act_q_[a].data(), act_d_[a].data(), act_s_[a].data(), act_ds_[a].data(), cols};
+                acts[a] = QuantAct{act_q_[a].data(), act_d_[a].data(), act_c_[a].data(), act_ds_[a].data(), cols, n};
                 quantized[a] = j.x, ++n_acts;
             }
             act_of[ji] = a;

@@ -37,7 +37,7 @@ class Context {
     const std::vector<float>& logits() const { return logits_; }
     const Model& model() const { return *model_; }
 
-    static constexpr int kChunk = 64;  // tokens per prefill step (bounds the scratch buffers)
+    static constexpr int kChunk = 256;  // tokens per prefill step: weights stream once per chunk (64 -> 256: pp512 +7-15%)
     static constexpr int kQB = 32;     // query vectors per attention task
     static constexpr int kPB = 64;     // cache positions per attention block (K/V block in L1)
     static constexpr int kSplit = 256; // cache positions per attention split (a multiple of kPB)
@@ -72,9 +72,9 @@ class Context {
     std::vector<float> part_;    // (kChunk * n_head, splits, hd + 2)
     std::unique_ptr<std::atomic<int>[]> pending_;  // splits left per attention unit
     // activations quantized for the int8 matmuls: up to 3 distinct inputs per dispatch
-    std::vector<int8_t> act_q_[3];   // (kChunk, max cols)
-    std::vector<float> act_d_[3];    // (kChunk, max cols / 32)
-    std::vector<int32_t> act_s_[3];
+    std::vector<int8_t> act_q_[3];   // (max cols / 32, kChunk, 32): QuantAct's block-major layout
+    std::vector<float> act_d_[3];    // (max cols / 32, kChunk)
+    std::vector<int32_t> act_c_[3];
     std::vector<float> act_ds_[3];
     std::vector<float> logits_;  // (vocab)
     std::vector<float> rope_cs_; // (kChunk, head_dim / 2, 2): cos, sin

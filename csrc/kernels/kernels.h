@@ -50,15 +50,19 @@ struct PackedWeights {
 };
 size_t packed_payload_bytes(int type);  // 256 for Q4_*, 512 for Q8_0, 0 if not packable
 
-// Activations quantized to int8 per 32-value block: q (n, cols), scale d, sum of q s and
-// ds = d * float(s) (the Q4_1 minimum's factor, precomputed so the GEMM broadcasts it from
-// memory), each (n, cols/32).
+// Activations quantized to int8 per 32-value block, stored block-major so a GEMM tile finds
+// its tokens' data for one block side by side (one pointer per block, constant offsets per
+// token): token t's block b is q[(b*ld + t)*32 ..], with scale d[b*ld + t], the integer
+// correction c[b*ld + t] = -128 * sum(q) (Q8_0 weights are stored as u = w + 128, so
+// sum((u - 128) q) = sum(u q) + c; Q4_0 uses c / 16) and ds[b*ld + t] = d * sum(q) (the Q4_1
+// minimum's factor). Both are precomputed so the GEMM broadcasts them from memory.
 struct QuantAct {
     const int8_t* q;
     const float* d;
-    const int32_t* s;
+    const int32_t* c;
     const float* ds;
     int64_t cols;
+    int64_t ld;  // tokens between consecutive blocks of one token
 };
 
 struct Kernels {
@@ -83,9 +87,10 @@ struct Kernels {
     // is loaded and converted once for all of them; out + j*ldo receives query j's scores.
     void (*attn_scores)(const float* q, int nq, const float* k, int64_t stride, int n, int hd, float scale,
                         float* out, int64_t ldo);
-    // Quantize n rows of x (n, cols) per 32-block: d = max|x|/127, q = round(x/d), s = sum(q),
-    // ds = d * float(s).
-    void (*quantize_act)(const float* x, int n, int64_t cols, int8_t* q, float* d, int32_t* s, float* ds);
+    // Quantize n rows of x (n, cols) per 32-block into QuantAct's block-major layout with token
+    // stride ld (token t, block b at index b*ld + t): d = max|x|/127, q = round(x/d),
+    // c = -128 * sum(q), ds = d * float(sum(q)).
+    void (*quantize_act)(const float* x, int n, int64_t cols, int64_t ld, int8_t* q, float* d, int32_t* c, float* ds);
     // y[t*ldy + r] = sum over blocks of the int8 dot of packed row r and token t, scaled, for
     // r in [r0, r1) (r0 a multiple of 16) and t in [0, n).
     void (*matmul_int8)(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n,

@@ -497,13 +497,14 @@ void to_f16_avx512(const float* x, int64_t n, uint16_t* out) {
     }
 }
 
-void quantize_act_avx512(const float* x, int n, int64_t cols, int8_t* q, float* d, int32_t* s, float* ds) {
+void quantize_act_avx512(const float* x, int n, int64_t cols, int64_t ld, int8_t* q, float* d, int32_t* c, float* ds) {
     const int64_t nb = cols / QK;
     const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
     const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
     for (int t = 0; t < n; ++t)
         for (int64_t b = 0; b < nb; ++b) {
             const float* xb = x + t * cols + b * QK;
+            const int64_t i = b * ld + t;
             const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
             const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, sign), _mm512_and_ps(v1, sign)));
             const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
@@ -512,83 +513,124 @@ void quantize_act_avx512(const float* x, int n, int64_t cols, int8_t* q, float* 
             __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
             q0 = _mm512_max_epi32(_mm512_min_epi32(q0, hi), lo);
             q1 = _mm512_max_epi32(_mm512_min_epi32(q1, hi), lo);
-            _mm_storeu_si128((__m128i*)(q + t * cols + b * QK), _mm512_cvtepi32_epi8(q0));
-            _mm_storeu_si128((__m128i*)(q + t * cols + b * QK + 16), _mm512_cvtepi32_epi8(q1));
-            d[t * nb + b] = db;
-            s[t * nb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-            ds[t * nb + b] = db * float(s[t * nb + b]);
+            _mm_storeu_si128((__m128i*)(q + i * QK), _mm512_cvtepi32_epi8(q0));
+            _mm_storeu_si128((__m128i*)(q + i * QK + 16), _mm512_cvtepi32_epi8(q1));
+            const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            d[i] = db;
+            c[i] = -128 * sum;
+            ds[i] = db * float(sum);
         }
 }
 
+// 4 activation bytes broadcast to every lane, read through a type that may alias int8 data (the
+// compiler folds it into vpdpbusd as an embedded {1to16} memory operand).
+typedef int32_t i32_alias __attribute__((may_alias, aligned(1)));
+inline __m512i bcast4(const int8_t* p) { return _mm512_set1_epi32(*reinterpret_cast<const i32_alias*>(p)); }
 
-inline int32_t load_i32(const int8_t* p) { int32_t v; std::memcpy(&v, p, 4); return v; }
-
-// One group of 16 rows against NT tokens: lane r of each accumulator is row g*16+r. Per block
-// the 16 rows' unsigned weights sit in 4 (Q4) or 8 (Q8) registers, each vpdpbusd multiplies
-// 4 consecutive weights of every row by the same 4 broadcast activation bytes.
-template <int TYPE, int NT>
+// G groups of 16 rows against NT tokens: lane r of accumulator [h][t] is row (g+h)*16+r of
+// token t0+t. Per block and step j (4 of the block's 32 columns) each vpdpbusd multiplies 4
+// consecutive weights of 16 rows by the same 4 broadcast activation bytes; one broadcast feeds
+// the G groups (prefill runs G = 2 x NT = 6: a broadcast per vpdpbusd bound the tile at ~50% of
+// the VNNI peak, two per broadcast gave Q8_0 +17%). The tile's tokens sit side by side in
+// QuantAct's block-major layout, so every operand is a constant offset from one pointer per
+// array (per-token pointers cost ~30 scalar instructions per token and block). The integer
+// correction (Q8_0: -128 sum q) starts the accumulator; tiles of 4 or more tokens run one
+// vpdpbusd chain per token (the tokens' chains overlap), smaller ones two. The per-token
+// arithmetic is the same for every G and NT, so a batch gives the bits of the tokens one by one.
+template <int TYPE, int G, int NT>
 void group_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, float* y, int64_t ldy,
-                __mmask16 rows) {
-    __m512 f[NT];
-    for (int t = 0; t < NT; ++t) f[t] = _mm512_setzero_ps();
+                __mmask16 last_rows) {
+    constexpr int CH = NT >= 4 ? 1 : 2;
+    __m512 f[G][NT];
+    for (int h = 0; h < G; ++h)
+        for (int t = 0; t < NT; ++t) f[h][t] = _mm512_setzero_ps();
     const __m512i m0f = _mm512_set1_epi8(15);
-    for (int64_t b = 0; b < w.blocks; ++b) {
+    const int8_t* xq = x.q + t0 * QK;
+    const float* xd = x.d + t0;
+    const int32_t* xc = x.c + t0;
+    const float* xds = x.ds + t0;
+    const int64_t qstep = x.ld * QK, gstep = w.blocks * w.block_bytes;
+    for (int64_t b = 0; b < w.blocks; ++b, xq += qstep, xd += x.ld, xc += x.ld, xds += x.ld) {
         const uint8_t* blk = w.at(g, b);
         if (NT == 1)  // decode: see kPrefetch
             for (size_t o = 0; o < w.block_bytes; o += 64) _mm_prefetch((const char*)blk + kPrefetch + o, _MM_HINT_T0);
-        const __m512 wd = _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)blk));
-        __m512i p[8];
-        if constexpr (TYPE == GGML_Q8_0) {
-            for (int j = 0; j < 8; ++j) p[j] = _mm512_load_si512((const void*)(blk + 64 + 64 * j));
-        } else {
-            for (int j = 0; j < 4; ++j) {
-                const __m512i raw = _mm512_load_si512((const void*)(blk + 64 + 64 * j));
-                p[j] = _mm512_and_si512(raw, m0f);                          // elements 4j..4j+3
-                p[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m0f);  // elements 16+4j..
+        // j outer, tokens inner: consecutive vpdpbusd belong to different tokens' chains, so the
+        // 5-cycle latency is hidden in program order, and only step j's weights (loaded, or
+        // unpacked from the Q4 nibbles, once per step) occupy registers
+        __m512i acc[CH][G][NT];
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t)
+            for (int h = 0; h < G; ++h) {
+                acc[0][h][t] = TYPE == GGML_Q8_0   ? _mm512_set1_epi32(xc[t])
+                               : TYPE == GGML_Q4_0 ? _mm512_srai_epi32(_mm512_set1_epi32(xc[t]), 4)  // -8 sum q
+                                                   : _mm512_setzero_si512();
+                if constexpr (CH == 2) acc[1][h][t] = _mm512_setzero_si512();
+            }
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) {
+            __m512i p[G];
+            int o;
+            for (int h = 0; h < G; ++h) {
+                const uint8_t* pay = blk + h * gstep + 64;
+                if constexpr (TYPE == GGML_Q8_0) {
+                    p[h] = _mm512_load_si512((const void*)(pay + 64 * j));  // elements 4j..4j+3
+                    o = 4 * j;
+                } else {
+                    const __m512i raw = _mm512_load_si512((const void*)(pay + 64 * (j % 4)));
+                    p[h] = j < 4 ? _mm512_and_si512(raw, m0f)                          // elements 4j..4j+3
+                                 : _mm512_and_si512(_mm512_srli_epi16(raw, 4), m0f);   // 16+4(j-4)..
+                    o = j < 4 ? 4 * j : 16 + 4 * (j - 4);
+                }
+            }
+#pragma GCC unroll 16
+            for (int t = 0; t < NT; ++t) {
+                const __m512i xb = bcast4(xq + t * QK + o);  // one broadcast feeds G groups
+                for (int h = 0; h < G; ++h) acc[j % CH][h][t] = _mm512_dpbusd_epi32(acc[j % CH][h][t], p[h], xb);
             }
         }
-        __m512 wm = _mm512_setzero_ps();
-        if constexpr (TYPE == GGML_Q4_1) wm = _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(blk + 32)));
-#pragma GCC unroll 8
-        for (int t = 0; t < NT; ++t) {
-            const int64_t tt = t0 + t;
-            const int8_t* xq = x.q + tt * x.cols + b * QK;
-            // two integer chains (exact, so the split changes no bit) halve the dpbusd latency chain
-            __m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j += 2) {
-                const int o0 = TYPE == GGML_Q8_0 ? 4 * j : (j < 4 ? 4 * j : 16 + 4 * (j - 4));
-                const int o1 = TYPE == GGML_Q8_0 ? 4 * (j + 1) : (j + 1 < 4 ? 4 * (j + 1) : 16 + 4 * (j - 3));
-                acc0 = _mm512_dpbusd_epi32(acc0, p[j], _mm512_set1_epi32(load_i32(xq + o0)));
-                acc1 = _mm512_dpbusd_epi32(acc1, p[j + 1], _mm512_set1_epi32(load_i32(xq + o1)));
+        for (int h = 0; h < G; ++h) {
+            const __m512 wd = _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(blk + h * gstep)));
+            __m512 wm = _mm512_setzero_ps();
+            if constexpr (TYPE == GGML_Q4_1) wm = _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(blk + h * gstep + 32)));
+#pragma GCC unroll 16
+            for (int t = 0; t < NT; ++t) {
+                __m512i sum = acc[0][h][t];
+                if constexpr (CH == 2) sum = _mm512_add_epi32(acc[0][h][t], acc[1][h][t]);
+                f[h][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(wd, _mm512_set1_ps(xd[t])), f[h][t]);
+                if constexpr (TYPE == GGML_Q4_1) f[h][t] = _mm512_fmadd_ps(wm, _mm512_set1_ps(xds[t]), f[h][t]);
             }
-            __m512i acc = _mm512_add_epi32(acc0, acc1);
-            const int32_t sx = x.s[tt * w.blocks + b];
-            if constexpr (TYPE == GGML_Q4_0) acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(8 * sx));
-            if constexpr (TYPE == GGML_Q8_0) acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(128 * sx));
-            const float dx = x.d[tt * w.blocks + b];
-            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(wd, _mm512_set1_ps(dx)), f[t]);
-            if constexpr (TYPE == GGML_Q4_1) f[t] = _mm512_fmadd_ps(wm, _mm512_set1_ps(x.ds[tt * w.blocks + b]), f[t]);
         }
     }
-    for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy + g * 16, rows, f[t]);
+    for (int h = 0; h < G; ++h)
+        for (int t = 0; t < NT; ++t)
+            _mm512_mask_storeu_ps(y + (t0 + t) * ldy + (g + h) * 16, h == G - 1 ? last_rows : __mmask16(0xFFFF), f[h][t]);
+}
+
+constexpr int kTileTokens = 6, kTileGroups = 2;  // the prefill tile (swept: 1x8..14, 2x4..6)
+
+template <int TYPE, int G>
+void group_tiles(const PackedWeights& w, int64_t g, const QuantAct& x, int n, float* y, int64_t ldy, __mmask16 rows) {
+    int t0 = 0;
+    for (; t0 + kTileTokens <= n; t0 += kTileTokens) group_tile<TYPE, G, kTileTokens>(w, g, x, t0, y, ldy, rows);
+    for (; t0 + 4 <= n; t0 += 4) group_tile<TYPE, G, 4>(w, g, x, t0, y, ldy, rows);
+    switch (n - t0) {
+        case 3: group_tile<TYPE, G, 3>(w, g, x, t0, y, ldy, rows); break;
+        case 2: group_tile<TYPE, G, 2>(w, g, x, t0, y, ldy, rows); break;
+        case 1: group_tile<TYPE, G, 1>(w, g, x, t0, y, ldy, rows); break;
+    }
 }
 
 template <int TYPE>
 void matmul_int8_typed(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n,
                        float* y, int64_t ldy) {
-    for (int64_t g = r0 / 16; g * 16 < r1; ++g) {
-        const int64_t left = r1 - g * 16;
-        const __mmask16 rows = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-        int t0 = 0;
-        for (; t0 + 8 <= n; t0 += 8) group_tile<TYPE, 8>(w, g, x, t0, y, ldy, rows);
-        for (; t0 + 4 <= n; t0 += 4) group_tile<TYPE, 4>(w, g, x, t0, y, ldy, rows);
-        switch (n - t0) {
-            case 3: group_tile<TYPE, 3>(w, g, x, t0, y, ldy, rows); break;
-            case 2: group_tile<TYPE, 2>(w, g, x, t0, y, ldy, rows); break;
-            case 1: group_tile<TYPE, 1>(w, g, x, t0, y, ldy, rows); break;
-        }
-    }
+    int64_t g = r0 / 16;
+    const int64_t g_end = (r1 + 15) / 16;
+    const int64_t left = r1 - (g_end - 1) * 16;
+    const __mmask16 last = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+    if (n > 1)  // prefill: pairs of groups
+        for (; g + kTileGroups <= g_end; g += kTileGroups)
+            group_tiles<TYPE, kTileGroups>(w, g, x, n, y, ldy, g + kTileGroups == g_end ? last : __mmask16(0xFFFF));
+    for (; g < g_end; ++g) group_tiles<TYPE, 1>(w, g, x, n, y, ldy, g + 1 == g_end ? last : __mmask16(0xFFFF));
 }
 
 void matmul_int8_avx512(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n,

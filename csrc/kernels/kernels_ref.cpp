@@ -191,11 +191,13 @@ size_t packed_payload_bytes(int type) {
     return type == GGML_Q8_0 ? 512 : (type == GGML_Q4_0 || type == GGML_Q4_1) ? 256 : 0;
 }
 
-static void quantize_act_ref(const float* x, int n, int64_t cols, int8_t* q, float* d, int32_t* s, float* ds) {
+static void quantize_act_ref(const float* x, int n, int64_t cols, int64_t ld, int8_t* q, float* d, int32_t* c,
+                             float* ds) {
     const int64_t nb = cols / QK;
     for (int t = 0; t < n; ++t)
         for (int64_t b = 0; b < nb; ++b) {
             const float* xb = x + t * cols + b * QK;
+            const int64_t i = b * ld + t;
             float amax = 0.0f;
             for (int j = 0; j < QK; ++j) amax = std::fabs(xb[j]) > amax ? std::fabs(xb[j]) : amax;
             const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
@@ -203,12 +205,12 @@ static void quantize_act_ref(const float* x, int n, int64_t cols, int8_t* q, flo
             for (int j = 0; j < QK; ++j) {
                 float v = std::nearbyint(xb[j] * id);
                 v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
-                q[t * cols + b * QK + j] = int8_t(v);
+                q[i * QK + j] = int8_t(v);
                 sum += int32_t(v);
             }
-            d[t * nb + b] = db;
-            s[t * nb + b] = sum;
-            ds[t * nb + b] = db * float(sum);
+            d[i] = db;
+            c[i] = -128 * sum;
+            ds[i] = db * float(sum);
         }
 }
 
@@ -223,8 +225,8 @@ static void matmul_int8_ref(const PackedWeights& w, int64_t r0, int64_t r1, cons
             for (int64_t b = 0; b < w.blocks; ++b) {
                 const uint8_t* blk = w.at(g, b);
                 const uint8_t* pay = blk + 64 + lane * 4;
-                const int8_t* xq = x.q + t * x.cols + b * QK;
-                const int32_t sx = x.s[t * w.blocks + b];
+                const int64_t i = b * x.ld + t;
+                const int8_t* xq = x.q + i * QK;
                 int32_t isum = 0;
                 for (int j = 0; j < (q4 ? 4 : 8); ++j)
                     for (int k = 0; k < 4; ++k) {
@@ -232,11 +234,10 @@ static void matmul_int8_ref(const PackedWeights& w, int64_t r0, int64_t r1, cons
                         if (q4) isum += int32_t(u & 15) * xq[4 * j + k] + int32_t(u >> 4) * xq[16 + 4 * j + k];
                         else isum += int32_t(u) * xq[4 * j + k];
                     }
-                if (w.type == GGML_Q4_0) isum -= 8 * sx;
-                if (w.type == GGML_Q8_0) isum -= 128 * sx;
-                const float dx = x.d[t * w.blocks + b];
-                acc += float(isum) * (f16_to_f32(rd16(blk + 2 * lane)) * dx);
-                if (w.type == GGML_Q4_1) acc += f16_to_f32(rd16(blk + 32 + 2 * lane)) * x.ds[t * w.blocks + b];
+                if (w.type == GGML_Q4_0) isum += x.c[i] / 16;  // -8 * sum(q)
+                if (w.type == GGML_Q8_0) isum += x.c[i];        // -128 * sum(q)
+                acc += float(isum) * (f16_to_f32(rd16(blk + 2 * lane)) * x.d[i]);
+                if (w.type == GGML_Q4_1) acc += f16_to_f32(rd16(blk + 32 + 2 * lane)) * x.ds[i];
             }
             y[t * ldy + r] = acc;
         }
