@@ -27,6 +27,8 @@ struct BadModel : ZenError { using ZenError::ZenError; };
 struct AlignedFree { void operator()(uint8_t* p) const { std::free(p); } };
 using AlignedBytes = std::unique_ptr<uint8_t, AlignedFree>;
 bool pack_weights(const WeightView& w, PackedWeights& out, AlignedBytes& storage);
+size_t packed_bytes(const WeightView& w);  // 0 for types that are not packed
+void pack_into(const WeightView& w, PackedWeights& out, uint8_t* dst);  // dst: zeroed, 64-aligned
 // `bytes` of zeroed memory, 64-byte aligned; large blocks are 2 MiB aligned and asked to be
 // backed by huge pages (Linux THP, madvise mode): the weights and the KV cache are streamed
 // every token, and with 4 KiB pages each page costs a TLB walk. Throws BadModel when out of memory.
@@ -74,10 +76,10 @@ class Model {
     mutable ThreadPool pool;
 
   private:
-    // int8-friendly copies of the quantized matrices (see PackedWeights), owned here
-    std::vector<AlignedBytes> packed_bytes_;
+    // the matrices' own copies (quantized ones repacked, see PackedWeights), one arena
+    AlignedBytes arena_;
     std::vector<std::unique_ptr<PackedWeights>> packed_;
-    void pack(WeightView& w);
+    void own_weights(const std::vector<WeightView*>& mats);
 
     WeightView matrix(const std::map<std::string, const TensorIn*>& by_name, const std::string& name,
                       int64_t rows, int64_t cols) const;

@@ -146,7 +146,7 @@ void float_tile(const WeightView& w, int64_t r, int64_t r_end, const float* x, i
     const float* xs[NT];
     for (int i = 0; i < RT; ++i) rows[i] = w.row(r + i < r_end ? r + i : r_end - 1);
     for (int t = 0; t < NT; ++t) xs[t] = x + (t < nt ? t : nt - 1) * ldx;
-    static_assert(RT * NT == 4 || RT * NT == 16, "reduce4 or reduce16");
+    static_assert(RT * NT == 1 || RT * NT == 4 || RT * NT == 16, "reduce4 or reduce16");
     __m512 a[16];
     for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_ps();
     auto step = [&](int64_t c, __mmask16 m) {
@@ -164,7 +164,7 @@ void float_tile(const WeightView& w, int64_t r, int64_t r_end, const float* x, i
     for (; c + 16 <= w.cols; c += 16) step(c, __mmask16(0xFFFF));  // constant mask: plain loads
     if (c < w.cols) step(c, __mmask16((1u << (w.cols - c)) - 1));
     alignas(64) float out[16];
-    if constexpr (RT * NT == 4) _mm_store_ps(out, reduce4(a));
+    if constexpr (RT * NT <= 4) _mm_store_ps(out, reduce4(a));  // a[1..3] zero when RT x NT = 1
     else _mm512_store_ps(out, reduce16(a));
     for (int i = 0; i < RT && r + i < r_end; ++i)
         for (int t = 0; t < nt && t < NT; ++t) y[t * ldy + r + i] = out[i * NT + t];
@@ -174,8 +174,8 @@ template <int TYPE>
 void matmul_typed(const WeightView& w, int64_t r0, int64_t r1, const float* x, int n,
                   int64_t ldx, float* y, int64_t ldy) {
     if constexpr (!is_quant(TYPE)) {
-        if (n == 1) {  // decode: 4 rows per tile (4 sequential streams; 16 defeat the prefetcher)
-            for (int64_t r = r0; r < r1; r += 4) float_tile<TYPE, 4, 1>(w, r, r1, x, 1, ldx, y, ldy);
+        if (n == 1) {  // decode: one row at a time, one sequential stream
+            for (int64_t r = r0; r < r1; ++r) float_tile<TYPE, 1, 1>(w, r, r1, x, 1, ldx, y, ldy);
             return;
         }
         for (int64_t r = r0; r < r1; r += 4)
