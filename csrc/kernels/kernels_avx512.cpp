@@ -134,6 +134,9 @@ void row_tile(const WeightView& w, int64_t r, const float* x, int64_t ldx, float
     for (int t = 0; t < NT; ++t) y[t * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(lo[t], hi[t]));
 }
 
+// The float decode GEMV reads one row after another (rows are contiguous: one long stream);
+// fetching 2 KB ahead gave BF16 decode +20% at 1 and 2 threads (swept 0.5-8 KB: 2 KB best).
+constexpr size_t kPrefetchRow = 2048;
 // F32/F16/BF16 weights: RT rows x NT tokens of accumulators (RT x NT <= 16), each weight vector
 // loaded and converted once for NT tokens and each token vector once for RT rows; the RT x NT
 // sums come out of one reduction tree. Every (token, row) sum is the same lane-wise pass over
@@ -150,6 +153,9 @@ void float_tile(const WeightView& w, int64_t r, int64_t r_end, const float* x, i
     __m512 a[16];
     for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_ps();
     auto step = [&](int64_t c, __mmask16 m) {
+        if constexpr (RT == 1 && NT == 1)  // decode: one stream, fetched ahead (see kPrefetchRow)
+            if (TYPE == GGML_F32 || (c & 31) == 0)  // one prefetch per 64-byte line
+                _mm_prefetch((const char*)rows[0] + c * (TYPE == GGML_F32 ? 4 : 2) + kPrefetchRow, _MM_HINT_T0);
         __m512 xv[NT];
 #pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) xv[t] = _mm512_maskz_loadu_ps(m, xs[t] + c);
