@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels.h"
 
@@ -25,6 +26,10 @@ constexpr size_t blk_bytes(int t) { return t == GGML_Q4_0 ? 18 : t == GGML_Q4_1 
 // 8 dependent vpdpbusd per block, so fetch 8 KB ahead (swept 1-32 KB: 8-16 KB best; decode
 // +20% at 1 thread, +35% at 2).
 constexpr size_t kPrefetch = 8192;
+
+inline __mmask16 tail_mask(int64_t left) {
+    return left >= 16 ? __mmask16(0xFFFF) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+}
 
 inline float half(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return _cvtsh_ss(v); }
 
@@ -166,9 +171,35 @@ void float_tile(const WeightView& w, int64_t r, int64_t r_end, const float* x, i
             for (int t = 0; t < NT; ++t) a[i * NT + t] = _mm512_fmadd_ps(wv, xv[t], a[i * NT + t]);
         }
     };
-    int64_t c = 0;
-    for (; c + 16 <= w.cols; c += 16) step(c, __mmask16(0xFFFF));  // constant mask: plain loads
-    if (c < w.cols) step(c, __mmask16((1u << (w.cols - c)) - 1));
+    if constexpr (TYPE == GGML_BF16) {
+        // 32 bf16 per 64-byte load: lane i holds elements 2i (low half) and 2i+1 (high half), and
+        // each becomes an fp32 with one shift or one mask; x comes deinterleaved to match (see
+        // matmul_typed), so a weight costs half the conversion work of widening 16 at a time.
+        const __m512i hi_mask = _mm512_set1_epi32(int(0xFFFF0000u));
+        auto step2 = [&](int64_t c, __mmask32 m) {
+            if constexpr (RT == 1 && NT == 1)  // decode: one stream, fetched ahead (see kPrefetchRow)
+                _mm_prefetch((const char*)rows[0] + c * 2 + kPrefetchRow, _MM_HINT_T0);
+            __m512 xe[NT], xo[NT];
+#pragma GCC unroll 16
+            for (int t = 0; t < NT; ++t) xe[t] = _mm512_loadu_ps(xs[t] + c), xo[t] = _mm512_loadu_ps(xs[t] + c + 16);
+#pragma GCC unroll 16
+            for (int i = 0; i < RT; ++i) {
+                const __m512i raw = _mm512_maskz_loadu_epi16(m, (const uint16_t*)rows[i] + c);
+                const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+                const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(raw, hi_mask));
+#pragma GCC unroll 16
+                for (int t = 0; t < NT; ++t)
+                    a[i * NT + t] = _mm512_fmadd_ps(wo, xo[t], _mm512_fmadd_ps(we, xe[t], a[i * NT + t]));
+            }
+        };
+        int64_t c = 0;
+        for (; c + 32 <= w.cols; c += 32) step2(c, __mmask32(0xFFFFFFFFu));
+        if (c < w.cols) step2(c, __mmask32((1ull << (w.cols - c)) - 1));
+    } else {
+        int64_t c = 0;
+        for (; c + 16 <= w.cols; c += 16) step(c, __mmask16(0xFFFF));  // constant mask: plain loads
+        if (c < w.cols) step(c, __mmask16((1u << (w.cols - c)) - 1));
+    }
     alignas(64) float out[16];
     if constexpr (RT * NT <= 4) _mm_store_ps(out, reduce4(a));  // a[1..3] zero when RT x NT = 1
     else _mm512_store_ps(out, reduce16(a));
@@ -180,6 +211,22 @@ template <int TYPE>
 void matmul_typed(const WeightView& w, int64_t r0, int64_t r1, const float* x, int n,
                   int64_t ldx, float* y, int64_t ldy) {
     if constexpr (!is_quant(TYPE)) {
+        if constexpr (TYPE == GGML_BF16) {  // x deinterleaved per 32 columns: 16 even, 16 odd
+            const int64_t cp = (w.cols + 31) / 32 * 32;
+            static thread_local std::vector<float> xd;  // grows once; no allocation per call after
+            if (xd.size() < size_t(n) * cp) xd.resize(size_t(n) * cp);
+            const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+            const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+            for (int t = 0; t < n; ++t)
+                for (int64_t c = 0; c < cp; c += 32) {
+                    const float* xt = x + t * ldx + c;
+                    const __m512 v0 = _mm512_maskz_loadu_ps(tail_mask(w.cols - c), xt);
+                    const __m512 v1 = _mm512_maskz_loadu_ps(tail_mask(w.cols - c - 16), xt + 16);
+                    _mm512_storeu_ps(&xd[t * cp + c], _mm512_permutex2var_ps(v0, ev, v1));
+                    _mm512_storeu_ps(&xd[t * cp + c + 16], _mm512_permutex2var_ps(v0, od, v1));
+                }
+            x = xd.data(), ldx = cp;
+        }
         if (n == 1) {  // decode: one row at a time, one sequential stream
             for (int64_t r = r0; r < r1; ++r) float_tile<TYPE, 1, 1>(w, r, r1, x, 1, ldx, y, ldy);
             return;
@@ -247,9 +294,6 @@ void dequant_row_avx512(int type, const uint8_t* src, int64_t n, float* dst) {
     }
 }
 
-inline __mmask16 tail_mask(int64_t left) {
-    return left >= 16 ? __mmask16(0xFFFF) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
-}
 
 float dot_avx512(const float* a, const float* b, int64_t n) {
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
