@@ -38,7 +38,7 @@ class Context {
     const Model& model() const { return *model_; }
 
     static constexpr int kChunk = 256;  // tokens per prefill step: weights stream once per chunk (64 -> 256: pp512 +7-15%)
-    static constexpr int kQB = 32;     // query vectors per attention task
+    static constexpr int kQB = 32;     // query vectors per kv head in an attention task
     static constexpr int kPB = 64;     // cache positions per attention block (K/V block in L1)
     static constexpr int kSplit = 256; // cache positions per attention split (a multiple of kPB)
 
@@ -67,7 +67,7 @@ class Context {
     }
     // scratch, (kChunk, width)
     std::vector<float> x_, xb_, q_, kx_, vx_, att_, gate_, up_;
-    std::vector<float> scores_;  // (threads, kQB, kSplit)
+    std::vector<float> scores_;  // (threads, kQB / group x n_head, kSplit)
     // attention partials per (query vector, split): max, sum of exp, unnormalized output (hd)
     std::vector<float> part_;    // (kChunk * n_head, splits, hd + 2)
     std::unique_ptr<std::atomic<int>[]> pending_;  // splits left per attention unit

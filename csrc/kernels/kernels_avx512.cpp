@@ -380,7 +380,7 @@ inline __m512 load_kv(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_
 constexpr int kRowsAhead = 32;
 template <typename T>
 inline void prefetch_row(const T* row, int hd) {
-    for (size_t o = 0; o < size_t(hd) * sizeof(T); o += 64) _mm_prefetch((const char*)row + o, _MM_HINT_T0);
+    for (size_t o = 0; o < size_t(hd) * sizeof(T); o += 64) _mm_prefetch((const char*)row + o, _MM_HINT_T1);
 }
 
 // r[j] = sum of the 16 lanes of v[j], j < 8, in the low 256 bits (the same tree, one level less).
