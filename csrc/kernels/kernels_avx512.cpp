@@ -399,15 +399,19 @@ inline __m256 reduce8(const __m512* v) {
 
 // Scores of G queries against R rows starting at row i: G x R accumulators (at most 24, so the
 // queries, one converted row and the accumulators stay in the 32 registers), each cache row
-// loaded and converted once for all G queries, one reduction tree per query.
-template <typename T, int G, int R>
-inline void scores_rows(const float* q, const T* k, int64_t stride, int hd, float scale, float* out,
+// loaded and converted once for all G queries, one reduction tree per query. HD > 0 fixes the
+// head size at compile time (64: the loops unroll and the accumulators stay in registers; with
+// a run-time size GCC kept them on the stack); the arithmetic is the same either way.
+template <typename T, int G, int R, int HD>
+inline void scores_rows(const float* q, const T* k, int64_t stride, int hd_, float scale, float* out,
                         int64_t ldo, int i) {
+    const int hd = HD ? HD : hd_;
     __m512 a[G][R];
     for (int g = 0; g < G; ++g)
         for (int r = 0; r < R; ++r) a[g][r] = _mm512_setzero_ps();
     const T* k0 = k + i * stride;
     for (int r = 0; r < R; ++r) prefetch_row(k0 + (r + kRowsAhead) * stride, hd);
+#pragma GCC unroll 8
     for (int d = 0; d < hd; d += 16) {
         const __mmask16 m = tail_mask(hd - d);
         __m512 qv[G];
@@ -427,7 +431,9 @@ template <typename T, int G>
 void scores_group(const float* q, const T* k, int64_t stride, int n, int hd, float scale, float* out, int64_t ldo) {
     constexpr int R = G == 1 ? 16 : 8;
     int i = 0;
-    for (; i + R <= n; i += R) scores_rows<T, G, R>(q, k, stride, hd, scale, out, ldo, i);
+    if (hd == 64)
+        for (; i + R <= n; i += R) scores_rows<T, G, R, 64>(q, k, stride, hd, scale, out, ldo, i);
+    for (; i + R <= n; i += R) scores_rows<T, G, R, 0>(q, k, stride, hd, scale, out, ldo, i);
     for (; i < n; ++i)  // ragged tail, one row at a time
         for (int g = 0; g < G; ++g) {
             __m512 a = _mm512_setzero_ps();
