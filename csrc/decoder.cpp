@@ -115,7 +115,10 @@ void Context::matmuls(std::initializer_list<MatJob> jobs, int n) {
     const int nt = model_->pool.size();
     int64_t total_rows = 0;
     for (const MatJob& j : jobs) total_rows += j.w->rows;
-    const int64_t per = std::max<int64_t>(16, (total_rows / (nt * 4) + 15) / 16 * 16);
+    // A prefill slice is whole pairs of 16-row groups (the int8 prefill tile covers two; an odd
+    // count leaves a slower single-group tile per slice); decode balances 16-row granules.
+    const int64_t gran = n > 1 ? 32 : 16;
+    const int64_t per = std::max<int64_t>(gran, (total_rows / (nt * 4) + gran - 1) / gran * gran);
     struct Slice { const MatJob* job; int act; int64_t r0, r1; };
     Slice slices[256];
     int n_slices = 0;
