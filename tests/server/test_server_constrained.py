@@ -42,6 +42,13 @@ N = 100                      # requests per protocol and kind (10 schemas x 10)
 HOT = 1.0
 
 
+def replay_diagnostics(rec: dict) -> list[str]:
+    """The trace's diagnostics about the replayed history (a degrade would be one). Notes about the
+    follow-up's own new output are dropped: a 2-16 token answer cut at its limit may end inside a
+    <tool_call> it started (seen once in CI), which says nothing about the replay."""
+    return [d for d in rec["diagnostics"] if not d.startswith("model output not executable")]
+
+
 def obj(props: dict, required: list) -> dict:
     return {"type": "object", "properties": props, "required": required}
 
@@ -443,7 +450,7 @@ def test_custom_tool_call_output_replays_live(smollm2_server):
     r2 = client.responses.create(model="m", input=replay, tools=[PATCH_TOOL], store=False, temperature=0,
                                  max_output_tokens=16)
     rec = srv.trace()[-1]
-    assert rec["cache"]["source"] == "live" and rec["diagnostics"] == [], rec
+    assert rec["cache"]["source"] == "live" and replay_diagnostics(rec) == [], rec
     assert r2.usage.input_tokens_details.cached_tokens >= r.usage.input_tokens + r.usage.output_tokens - 1
     assert json.dumps(call.input, ensure_ascii=False)[1:-1] in rec["prompt"]
     # stored: previous_response_id carries the custom call the same way
@@ -454,7 +461,7 @@ def test_custom_tool_call_output_replays_live(smollm2_server):
                             input=[{"type": "custom_tool_call_output", "call_id": r.output[0].call_id,
                                     "output": "Done!"}])
     rec = srv.trace()[-1]
-    assert rec["cache"]["source"] == "live" and rec["diagnostics"] == [], rec
+    assert rec["cache"]["source"] == "live" and replay_diagnostics(rec) == [], rec
 
 
 # ---- Chat Completions custom tools ----------------------------------------------------------------
@@ -532,7 +539,7 @@ def test_chat_custom_tool_call_replays_live(smollm2_server):
     r2 = client.chat.completions.create(model="m", messages=msgs, tools=[CHAT_PATCH_TOOL], temperature=0,
                                         max_tokens=16)
     rec = srv.trace()[-1]
-    assert rec["cache"]["source"] == "live" and rec["diagnostics"] == [], rec
+    assert rec["cache"]["source"] == "live" and replay_diagnostics(rec) == [], rec
     assert r2.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens + r.usage.completion_tokens - 1
     assert json.dumps(call.custom.input, ensure_ascii=False)[1:-1] in rec["prompt"]
 
@@ -699,7 +706,7 @@ def test_dsml_forced_calls_parse_with_the_official_parser(dsml_server):
              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": m.content[1].id, "content": "ok"}]}]
     aclient.messages.create(model="m", max_tokens=2, messages=msgs, tools=atools)
     rec = srv.trace()[-1]
-    assert rec["cache"]["source"] == "live" and rec["diagnostics"] == []
+    assert rec["cache"]["source"] == "live" and replay_diagnostics(rec) == []
     text = sampled_turn(rec["prompt"])
     assert text.startswith("<think>")
     parsed = parse_message_from_completion_text(text[len("<think>"):], "thinking")
