@@ -578,8 +578,8 @@ void quantize_act_avx512(const float* x, int n, int64_t cols, int64_t ld, int8_t
         }
 }
 
-// 4 activation bytes broadcast to every lane, read through a type that may alias int8 data (the
-// compiler folds it into vpdpbusd as an embedded {1to16} memory operand).
+// 4 activation bytes broadcast to every lane, read through a type that may alias int8 data (GCC
+// emits a vpbroadcastd from memory: a load-port uop, no vector ALU slot).
 typedef int32_t i32_alias __attribute__((may_alias, aligned(1)));
 inline __m512i bcast4(const int8_t* p) { return _mm512_set1_epi32(*reinterpret_cast<const i32_alias*>(p)); }
 
