@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
@@ -49,6 +50,17 @@ py::array_t<float> to_array(const std::vector<float>& v) {
 }
 
 const Kernels& kernels_for(const std::string& isa) { return kernels_by_name(isa.c_str()); }
+
+// (n, kv_dim) key rows in the cache's transposed tiles of kKeyTile positions; the last tile's
+// unused positions hold NaN, which no score may read.
+template <typename T>
+std::vector<T> key_tiles(const T* k, int n, int kv_dim) {
+    const int tiles = (n + kKeyTile - 1) / kKeyTile;
+    std::vector<T> out(size_t(tiles) * kv_dim * kKeyTile, sizeof(T) == 2 ? T(0x7E00) : T(NAN));
+    for (int p = 0; p < n; ++p)
+        for (int c = 0; c < kv_dim; ++c) out[(size_t(p / kKeyTile) * kv_dim + c) * kKeyTile + p % kKeyTile] = k[size_t(p) * kv_dim + c];
+    return out;
+}
 
 using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using U8Array = py::array_t<uint8_t, py::array::c_style>;
@@ -115,12 +127,14 @@ void register_kernels(py::module_& m) {
         kernels_for(isa).rmsnorm(x.data(), w.data(), x.size(), eps, out.mutable_data());
         return out;
     });
-    // q: (hd,) or (nq, hd); k: (n, stride >= hd). Scores: (n,) or (nq, n).
+    // q: (hd,) or (nq, hd); k: (n, stride >= hd) rows, tiled here like the cache (kernels.h)
+    // with kv_dim = stride. Scores: (n,) or (nq, n).
     m.def("kernel_attn_scores", [](const std::string& isa, F32Array q, F32Array k, int hd, float scale) {
         if (k.ndim() != 2 || k.shape(1) < hd || q.size() % hd || q.size() == 0) throw ZenError("k must be (n, stride >= hd), q (nq, hd)");
         const int n = int(k.shape(0)), nq = int(q.size() / hd);
         py::array_t<float> out(q.ndim() == 1 ? std::vector<py::ssize_t>{n} : std::vector<py::ssize_t>{nq, n});
-        kernels_for(isa).attn_scores(q.data(), nq, k.data(), k.shape(1), n, hd, scale, out.mutable_data(), n);
+        const std::vector<float> tiles = key_tiles(k.data(), n, int(k.shape(1)));
+        kernels_for(isa).attn_scores(q.data(), nq, tiles.data(), k.shape(1) * kKeyTile, n, hd, scale, out.mutable_data(), n);
         return out;
     });
     m.def("kernel_to_f16", [](const std::string& isa, F32Array x) {
@@ -132,7 +146,8 @@ void register_kernels(py::module_& m) {
         if (k.ndim() != 2 || k.shape(1) < hd || q.size() % hd || q.size() == 0) throw ZenError("k must be (n, stride >= hd), q (nq, hd)");
         const int n = int(k.shape(0)), nq = int(q.size() / hd);
         py::array_t<float> out(q.ndim() == 1 ? std::vector<py::ssize_t>{n} : std::vector<py::ssize_t>{nq, n});
-        kernels_for(isa).attn_scores_h(q.data(), nq, k.data(), k.shape(1), n, hd, scale, out.mutable_data(), n);
+        const std::vector<uint16_t> tiles = key_tiles(k.data(), n, int(k.shape(1)));
+        kernels_for(isa).attn_scores_h(q.data(), nq, tiles.data(), k.shape(1) * kKeyTile, n, hd, scale, out.mutable_data(), n);
         return out;
     });
     // p: (n,) or (nq, n); v: (n, stride >= hd). Output: (hd,) or (nq, hd), from zero.

@@ -17,7 +17,7 @@ constexpr uint32_t kSnapshotVersion = 1;
 #define ZEN5_VERSION "dev"
 #endif
 // Snapshots are only exchanged between builds with the same KV layout and version.
-const uint64_t kBuildId = hash_bytes(ZEN5_VERSION "/kv-2", sizeof(ZEN5_VERSION "/kv-2") - 1, 1);
+const uint64_t kBuildId = hash_bytes(ZEN5_VERSION "/kv-3", sizeof(ZEN5_VERSION "/kv-3") - 1, 1);
 
 struct SnapshotHeader {
     char magic[8];
@@ -36,7 +36,8 @@ Context::Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* k
     const Config& c = model_->cfg;
     if (n_ctx <= 0) throw ZenError("n_ctx must be positive");
     kv_elem_ = int8_ ? 2 : 4;
-    const size_t kv = size_t(c.n_layer) * n_ctx * c.kv_dim() * kv_elem_;
+    n_rows_ = (n_ctx + kKeyTile - 1) / kKeyTile * kKeyTile;
+    const size_t kv = size_t(c.n_layer) * n_rows_ * c.kv_dim() * kv_elem_;
     kcache_ = alloc_zeroed(kv);
     vcache_ = alloc_zeroed(kv);
     x_.resize(size_t(kChunk) * c.n_embd);
@@ -47,7 +48,9 @@ Context::Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* k
     vx_.resize(size_t(kChunk) * c.kv_dim());
     gate_.resize(size_t(kChunk) * c.n_ff);
     up_.resize(size_t(kChunk) * c.n_ff);
-    scores_.resize(size_t(model_->pool.size()) * std::max(kQB / (c.n_head / c.n_head_kv), 1) * c.n_head * kSplit);
+    const int tb = std::max(kQB / (c.n_head / c.n_head_kv), 1);  // tokens per attention unit
+    scores_.resize(size_t(model_->pool.size()) * tb * c.n_head * kSplit);
+    qg_.resize(size_t(model_->pool.size()) * tb * (c.n_head / c.n_head_kv) * c.head_dim);
     part_.resize(size_t(kChunk) * c.n_head * ((n_ctx + kSplit - 1) / kSplit) * (c.head_dim + 2));
     pending_.reset(new std::atomic<int>[kChunk]);  // attention units: at most one per token
     logits_.assign(c.vocab_size, 0.0f);
@@ -175,41 +178,61 @@ void Context::apply_rope(float* v, int n_heads, const float* cs) const {
     }
 }
 
+void Context::store_kv(int layer, int pos, const float* k, const float* v) {
+    // V is a row; K's channels go to their rows of the position's key tile, kKeyTile apart.
+    const int KV = model_->cfg.kv_dim();
+    uint8_t* K = const_cast<uint8_t*>(kv_layer(kcache_, layer));
+    uint8_t* V = const_cast<uint8_t*>(kv_layer(vcache_, layer)) + size_t(pos) * KV * kv_elem_;
+    const size_t k0 = key_index(pos, 0);
+    if (kv_elem_ == 2) {
+        k_.to_f16(v, KV, reinterpret_cast<uint16_t*>(V));
+        uint16_t h[64];
+        for (int c0 = 0; c0 < KV; c0 += 64) {
+            const int m = std::min(64, KV - c0);
+            k_.to_f16(k + c0, m, h);
+            for (int i = 0; i < m; ++i) reinterpret_cast<uint16_t*>(K)[k0 + size_t(c0 + i) * kKeyTile] = h[i];
+        }
+    } else {
+        std::memcpy(V, v, sizeof(float) * KV);
+        for (int i = 0; i < KV; ++i) reinterpret_cast<float*>(K)[k0 + size_t(i) * kKeyTile] = k[i];
+    }
+}
+
 void Context::attention(int layer, int n) {
     // Causal attention for the n new tokens at positions n_past_ .. n_past_+n-1 (whose k/v are
-    // already in the cache). At long context this is bound by reading K and V, not by math.
-    // A unit of work is every head of kQB / group of the chunk's tokens (kQB queries per kv head;
-    // the kernels score a GQA group's queries together, loading each cache row once); the
-    // cache is cut into splits of kSplit positions, and a task is one (unit, split): it walks
-    // that split's K and V in blocks of kPB positions, every kv head of a block before the next
-    // (whole cache rows, one forward stream: at 8k positions this read the cache 10-20% faster
-    // than a task per kv head, whose rows are a third of every cache row), each block staying
-    // in L1 while every query of the unit uses it, and leaves per query a partial softmax (max,
-    // sum of exp, unnormalized output). Splits let a single decoded token use every thread and
-    // keep the score rows in L2 at any context length. The task that finishes a unit's last
-    // split merges its partials in split order (flash-decoding). A query's arithmetic depends
-    // only on its own length, never on the batch or the thread that ran it, so a batch still
-    // equals the tokens one by one, bit for bit.
+    // already in the cache). At long context decode is bound by reading K and V, and prefill by
+    // the arithmetic. A unit of work is tb = kQB / group of the chunk's tokens: for each kv head
+    // its tb x group queries are scored together (each key tile loaded once for all of them,
+    // positions in the lanes) and summed together (each value row loaded once). The cache is
+    // cut into splits of kSplit positions, and a task is one (unit, split); it leaves per query
+    // a partial softmax (max, sum of exp, unnormalized output). Splits let a single decoded
+    // token use every thread and keep the score rows in L2 at any context length. The task that
+    // finishes a unit's last split merges its partials in split order (flash-decoding). A
+    // query's arithmetic depends only on its own length, never on the batch or the thread that
+    // ran it, so a batch equals the tokens one by one, bit for bit.
     const Config& c = model_->cfg;
     const int hd = c.head_dim, kvd = c.kv_dim(), group = c.n_head / c.n_head_kv;
     const int n_splits_max = (n_ctx_ + kSplit - 1) / kSplit, pstride = hd + 2;
     const float scale = 1.0f / std::sqrt(float(hd));
     const bool h16 = kv_elem_ == 2;
-    const void* K = kv_row<uint8_t>(kcache_, layer, 0);  // (n_ctx, kv_dim)
-    const void* V = kv_row<uint8_t>(vcache_, layer, 0);
+    const uint8_t *K = kv_layer(kcache_, layer), *V = kv_layer(vcache_, layer);
     const int tb = std::max(1, kQB / group), units = (n + tb - 1) / tb;
-    const int64_t lds = kSplit, ldp = int64_t(n_splits_max) * pstride;  // score rows; partials of a group
-    auto scores = [&](const float* q, size_t off, int cnt, float* out) {  // the group's queries at once
-        if (h16) k_.attn_scores_h(q, group, static_cast<const uint16_t*>(K) + off, kvd, cnt, hd, scale, out, lds);
-        else k_.attn_scores(q, group, static_cast<const float*>(K) + off, kvd, cnt, hd, scale, out, lds);
+    const int64_t tstride = int64_t(kvd) * kKeyTile;  // elements between key tiles
+    const int64_t lds = kSplit, ldp = int64_t(n_splits_max) * pstride;  // score rows; partials of a kv head
+    auto scores = [&](const float* q, int nq, int kvh, int p0, int cnt, float* out) {  // p0: tile aligned
+        const size_t off = key_index(p0, kvh * hd);
+        if (h16) k_.attn_scores_h(q, nq, reinterpret_cast<const uint16_t*>(K) + off, tstride, cnt, hd, scale, out, lds);
+        else k_.attn_scores(q, nq, reinterpret_cast<const float*>(K) + off, tstride, cnt, hd, scale, out, lds);
     };
-    auto values = [&](const float* p, size_t off, int cnt, float* out) {
-        if (h16) k_.attn_values_h(p, lds, group, static_cast<const uint16_t*>(V) + off, kvd, cnt, hd, out, ldp);
-        else k_.attn_values(p, lds, group, static_cast<const float*>(V) + off, kvd, cnt, hd, out, ldp);
+    auto values = [&](const float* p, int nq, int kvh, int p0, int cnt, float* out) {
+        const size_t off = size_t(p0) * kvd + kvh * hd;
+        if (h16) k_.attn_values_h(p, lds, nq, reinterpret_cast<const uint16_t*>(V) + off, kvd, cnt, hd, out, ldp);
+        else k_.attn_values(p, lds, nq, reinterpret_cast<const float*>(V) + off, kvd, cnt, hd, out, ldp);
     };
     auto len_of = [&](int t) { return n_past_ + t + 1; };  // positions token t attends to
-    auto partial = [&](int vec, int split) { return part_.data() + (size_t(vec) * n_splits_max + split) * pstride; };
-    auto vec_of = [&](int t, int kvh) { return t * c.n_head + kvh * group; };  // a group's first query
+    auto partial = [&](int t, int kvh, int split) {  // the first of token t's queries on kv head kvh
+        return part_.data() + ((size_t(kvh) * kChunk + t) * group * n_splits_max + split) * pstride;
+    };
     const int splits = (n_past_ + n + kSplit - 1) / kSplit;  // of the last token
     for (int u = 0; u < units; ++u) {
         const int t1 = std::min(n, (u + 1) * tb);
@@ -218,43 +241,49 @@ void Context::attention(int layer, int n) {
     // split-major: the two threads work on neighbouring cache positions
     model_->pool.run(units * splits, [&](int task, int thread) {
         const int u = task % units, split = task / units;
-        const int t0 = u * tb, t1 = std::min(n, t0 + tb);
+        const int t0 = u * tb, t1 = std::min(n, t0 + tb), nq = (t1 - t0) * group;
         const int c0 = split * kSplit, c1 = std::min(c0 + kSplit, len_of(t1 - 1));
         if (c0 >= c1) return;  // no token of this unit reaches this split
-        float* S = scores_.data() + size_t(thread) * std::max(kQB / group, 1) * c.n_head * kSplit;  // (tb x n_head, kSplit)
-        auto srow = [&](int t, int kvh) { return S + (size_t(t - t0) * c.n_head + kvh * group) * kSplit; };
-        for (int p0 = c0; p0 < c1; p0 += kPB)
-            for (int t = t0; t < t1; ++t) {
-                const int cnt = std::min({kPB, len_of(t) - p0, c1 - p0});
-                for (int kvh = 0; cnt > 0 && kvh < c.n_head_kv; ++kvh)
-                    scores(q_.data() + size_t(vec_of(t, kvh)) * hd, size_t(p0) * kvd + kvh * hd, cnt,
-                           srow(t, kvh) + (p0 - c0));
-            }
-        for (int t = t0; t < t1; ++t) {
-            const int cnt = std::min(len_of(t), c1) - c0;
-            for (int h = 0; cnt > 0 && h < c.n_head; ++h) {
-                float* P = partial(t * c.n_head + h, split);
-                P[1] = k_.softmax_partial(srow(t, 0) + size_t(h) * kSplit, cnt, &P[0]);
-                std::memset(P + 2, 0, sizeof(float) * hd);
-            }
+        auto cnt_of = [&](int t) { return std::min(len_of(t), c1) - c0; };  // <= 0: t ends before c0
+        const int common = std::max(0, cnt_of(t0));  // positions every token of the unit sees
+        float* S = scores_.data() + size_t(thread) * tb * c.n_head * kSplit;  // (n_head_kv, tb x group, kSplit)
+        float* Qg = qg_.data() + size_t(thread) * tb * group * hd;
+        auto srow = [&](int kvh, int t) { return S + (size_t(kvh) * tb + (t - t0)) * group * kSplit; };
+        for (int kvh = 0; kvh < c.n_head_kv; ++kvh) {
+            for (int t = t0; t < t1; ++t)  // the kv head's queries of the unit, side by side
+                std::memcpy(Qg + size_t(t - t0) * group * hd, q_.data() + (size_t(t) * c.n_head + kvh * group) * hd,
+                            sizeof(float) * group * hd);
+            scores(Qg, nq, kvh, c0, c1 - c0, srow(kvh, t0));
         }
-        for (int p0 = c0; p0 < c1; p0 += kPB)
-            for (int t = t0; t < t1; ++t) {
-                const int cnt = std::min({kPB, len_of(t) - p0, c1 - p0});
-                for (int kvh = 0; cnt > 0 && kvh < c.n_head_kv; ++kvh)
-                    values(srow(t, kvh) + (p0 - c0), size_t(p0) * kvd + kvh * hd, cnt, partial(vec_of(t, kvh), split) + 2);
-            }
+        for (int t = t0; t < t1; ++t) {
+            const int cnt = cnt_of(t);
+            for (int kvh = 0; cnt > 0 && kvh < c.n_head_kv; ++kvh)
+                for (int g = 0; g < group; ++g) {
+                    float* P = partial(t, kvh, split) + size_t(g) * ldp;
+                    P[1] = k_.softmax_partial(srow(kvh, t) + size_t(g) * kSplit, cnt, &P[0]);
+                    std::memset(P + 2, 0, sizeof(float) * hd);
+                }
+        }
+        for (int kvh = 0; kvh < c.n_head_kv; ++kvh) {
+            // positions all of the unit's tokens see, then each token's own remainder (the
+            // diagonal): a query's sum runs over its positions in order either way
+            if (common > 0) values(srow(kvh, t0), nq, kvh, c0, common, partial(t0, kvh, split) + 2);
+            for (int t = t0; t < t1; ++t)
+                if (cnt_of(t) > common)
+                    values(srow(kvh, t) + common, group, kvh, c0 + common, cnt_of(t) - common, partial(t, kvh, split) + 2);
+        }
         if (pending_[u].fetch_sub(1, std::memory_order_acq_rel) != 1) return;
         for (int t = t0; t < t1; ++t)  // the unit's last split: merge in split order
             for (int h = 0; h < c.n_head; ++h) {
-                const int v = t * c.n_head + h, ns = (len_of(t) + kSplit - 1) / kSplit;
-                float mx = partial(v, 0)[0];
-                for (int s = 1; s < ns; ++s) mx = std::max(mx, partial(v, s)[0]);
-                float* out = att_.data() + size_t(v) * hd;
+                const float* P0 = partial(t, h / group, 0) + size_t(h % group) * ldp;
+                const int ns = (len_of(t) + kSplit - 1) / kSplit;
+                float mx = P0[0];
+                for (int s = 1; s < ns; ++s) mx = std::max(mx, P0[size_t(s) * pstride]);
+                float* out = att_.data() + (size_t(t) * c.n_head + h) * hd;
                 std::memset(out, 0, sizeof(float) * hd);
                 float sum = 0.0f;
                 for (int s = 0; s < ns; ++s) {
-                    const float* P = partial(v, s);
+                    const float* P = P0 + size_t(s) * pstride;
                     const float w = std::exp(P[0] - mx);
                     sum += P[1] * w;
                     k_.axpy(w, P + 2, out, hd);
@@ -298,13 +327,7 @@ void Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
                 const float* cs = rope_cs_.data() + size_t(t) * hd;
                 apply_rope(q, c.n_head, cs);
                 apply_rope(k, c.n_head_kv, cs);
-                if (kv_elem_ == 2) {
-                    k_.to_f16(k, KV, kv_row<uint16_t>(kcache_, l, n_past_ + t));
-                    k_.to_f16(v, KV, kv_row<uint16_t>(vcache_, l, n_past_ + t));
-                } else {
-                    std::memcpy(kv_row<float>(kcache_, l, n_past_ + t), k, sizeof(float) * KV);
-                    std::memcpy(kv_row<float>(vcache_, l, n_past_ + t), v, sizeof(float) * KV);
-                }
+                store_kv(l, n_past_ + t, k, v);
             }
         });
         attention(l, n);                            // att: (n, Q)
@@ -340,6 +363,21 @@ void Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
         std::memcpy(logits_.data(), all_logits + size_t(n - 1) * c.vocab_size, sizeof(float) * c.vocab_size);
 }
 
+void Context::copy_keys(int layer, char* rows, bool to_rows) const {
+    // A snapshot stores K as plain (n_past, kv_dim) rows, like V: the file does not depend on
+    // the cache's tile layout, and holds nothing of the positions past n_past.
+    const int KV = model_->cfg.kv_dim();
+    uint8_t* K = const_cast<uint8_t*>(kv_layer(kcache_, layer));
+    const size_t e = kv_elem_;
+    for (int p = 0; p < n_past_; ++p)
+        for (int i = 0; i < KV; ++i) {
+            char* row = rows + (size_t(p) * KV + i) * e;
+            uint8_t* tile = K + key_index(p, i) * e;
+            if (to_rows) std::memcpy(row, tile, e);
+            else std::memcpy(tile, row, e);
+        }
+}
+
 std::string Context::snapshot() const {
     const Config& c = model_->cfg;
     SnapshotHeader h{};
@@ -359,9 +397,10 @@ std::string Context::snapshot() const {
     out.reserve(sizeof h + 2 * rows * c.n_layer + logits_.size() * 4 + 8);
     out.append(reinterpret_cast<const char*>(&h), sizeof h);
     for (int l = 0; l < c.n_layer; ++l) {  // K rows then V rows, (n_past, kv_dim) each
-        const size_t off = size_t(l) * n_ctx_ * c.kv_dim() * kv_elem_;
-        out.append(reinterpret_cast<const char*>(kcache_.get() + off), rows);
-        out.append(reinterpret_cast<const char*>(vcache_.get() + off), rows);
+        const size_t at = out.size();
+        out.resize(at + rows);
+        copy_keys(l, &out[at], true);
+        out.append(reinterpret_cast<const char*>(kv_layer(vcache_, l)), rows);
     }
     out.append(reinterpret_cast<const char*>(logits_.data()), logits_.size() * 4);
     const uint64_t sum = hash_bytes(out.data(), out.size(), 42);
@@ -397,13 +436,12 @@ void Context::restore(const std::string& blob) {
     if (sum != hash_bytes(blob.data(), blob.size() - 8, 42)) throw BadSnapshot("snapshot checksum mismatch (corrupted)");
 
     const char* p = blob.data() + sizeof h;
+    n_past_ = int(h.n_past);  // copy_keys reads it
     for (int l = 0; l < c.n_layer; ++l) {
-        const size_t off = size_t(l) * n_ctx_ * c.kv_dim() * kv_elem_;
-        std::memcpy(kcache_.get() + off, p, rows), p += rows;
-        std::memcpy(vcache_.get() + off, p, rows), p += rows;
+        copy_keys(l, const_cast<char*>(p), false), p += rows;
+        std::memcpy(const_cast<uint8_t*>(kv_layer(vcache_, l)), p, rows), p += rows;
     }
     std::memcpy(logits_.data(), p, size_t(c.vocab_size) * 4);
-    n_past_ = int(h.n_past);
     logits_valid_ = h.logits_valid != 0;
 }
 

@@ -1,6 +1,6 @@
 // Context: one sequence's KV cache, scratch buffers and last logits over a shared Model.
-// The cache is position-indexed, so rewinding is just forgetting rows (n_past = n), and a
-// snapshot is the rows themselves plus the last logits: restore is bit exact.
+// The cache is position-indexed, so rewinding is just forgetting positions (n_past = n), and a
+// snapshot is the K/V rows themselves plus the last logits: restore is bit exact.
 #pragma once
 #include <atomic>
 #include <functional>
@@ -38,7 +38,7 @@ class Context {
     const Model& model() const { return *model_; }
 
     static constexpr int kChunk = 256;  // tokens per prefill step: weights stream once per chunk (64 -> 256: pp512 +7-15%)
-    static constexpr int kQB = 32;     // query vectors per kv head in an attention task
+    static constexpr int kQB = 24;     // query vectors per kv head in an attention task
     static constexpr int kPB = 64;     // cache positions per attention block (K/V block in L1)
     static constexpr int kSplit = 256; // cache positions per attention split (a multiple of kPB)
 
@@ -58,18 +58,27 @@ class Context {
     int n_ctx_, n_past_ = 0;
     bool logits_valid_ = false;
     bool int8_;
-    // (n_layer, n_ctx, kv_dim) rows of fp32 (exact path) or fp16 (int8 path: half the memory
-    // traffic of long-context attention and half the snapshot size)
+    // Per layer, n_rows_ positions of kv_dim values in fp32 (exact path) or fp16 (int8 path:
+    // half the memory traffic of long-context attention and half the snapshot size). V is
+    // (n_rows, kv_dim) rows; K is in transposed tiles of kKeyTile positions (kernels.h).
     AlignedBytes kcache_, vcache_;
     size_t kv_elem_;  // 4 or 2 bytes
-    template <typename T> T* kv_row(const AlignedBytes& c, int layer, int pos) const {
-        return reinterpret_cast<T*>(c.get() + (size_t(layer) * n_ctx_ + pos) * model_->cfg.kv_dim() * kv_elem_);
+    int n_rows_;      // n_ctx rounded up to whole key tiles
+    const uint8_t* kv_layer(const AlignedBytes& c, int layer) const {
+        return c.get() + size_t(layer) * n_rows_ * model_->cfg.kv_dim() * kv_elem_;
     }
+    size_t key_index(int pos, int channel) const {  // element of (pos, channel) in a layer's K
+        return (size_t(pos / kKeyTile) * model_->cfg.kv_dim() + channel) * kKeyTile + pos % kKeyTile;
+    }
+    void store_kv(int layer, int pos, const float* k, const float* v);
+    void copy_keys(int layer, char* rows, bool to_rows) const;  // K tiles <-> (n_past, kv_dim) rows
     // scratch, (kChunk, width)
     std::vector<float> x_, xb_, q_, kx_, vx_, att_, gate_, up_;
-    std::vector<float> scores_;  // (threads, kQB / group x n_head, kSplit)
-    // attention partials per (query vector, split): max, sum of exp, unnormalized output (hd)
-    std::vector<float> part_;    // (kChunk * n_head, splits, hd + 2)
+    std::vector<float> scores_;  // (threads, n_head_kv, kQB / group x group, kSplit)
+    std::vector<float> qg_;      // (threads, kQB / group x group, hd): a kv head's queries of a unit
+    // attention partials per (query vector, split): max, sum of exp, unnormalized output (hd);
+    // query vectors ordered (kv head, token, query of the group) so a kv head's are consecutive
+    std::vector<float> part_;    // (n_head_kv, kChunk, group, splits, hd + 2)
     std::unique_ptr<std::atomic<int>[]> pending_;  // splits left per attention unit
     // activations quantized for the int8 matmuls: up to 3 distinct inputs per dispatch
     std::vector<int8_t> act_q_[3];   // (max cols / 32, kChunk, 32): QuantAct's block-major layout

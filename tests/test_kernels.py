@@ -220,9 +220,34 @@ def test_attention_kernels_for_a_query_group(nq, n, hd, stride):
         assert np.allclose(_native.kernel_attn_scores(isa, q, k.astype(np.float32), hd, scale), exact, atol=1e-5), isa
         assert np.allclose(_native.kernel_attn_values_h(isa, p, v.view(np.uint16), hd), exact_o, atol=1e-4), isa
         assert np.allclose(_native.kernel_attn_values(isa, p, v.astype(np.float32), hd), exact_o, atol=1e-4), isa
-    # one query at a time gives the same scores as the group (rows are independent)
-    one = np.stack([_native.kernel_attn_scores_h("avx512", q[j], k.view(np.uint16), hd, scale) for j in range(nq)])
-    assert np.allclose(one, _native.kernel_attn_scores_h("avx512", q, k.view(np.uint16), hd, scale), atol=1e-6)
+    # one query at a time gives the same bits as the group: a query's arithmetic does not depend
+    # on which queries share the call (what makes a prefill batch equal the tokens one by one)
+    for isa in ("ref", "avx512"):
+        one = np.stack([_native.kernel_attn_scores_h(isa, q[j], k.view(np.uint16), hd, scale) for j in range(nq)])
+        assert np.array_equal(one, _native.kernel_attn_scores_h(isa, q, k.view(np.uint16), hd, scale)), isa
+        one = np.stack([_native.kernel_attn_values_h(isa, p[j], v.view(np.uint16), hd) for j in range(nq)])
+        assert np.array_equal(one, _native.kernel_attn_values_h(isa, p, v.view(np.uint16), hd)), isa
+
+
+@pytest.mark.parametrize("nq", [1, 3, 24, 30, 51])
+def test_attention_kernels_wide_query_groups(nq):
+    """Prefill scores a kv head's queries of several tokens together (groups of up to 24 per key
+    tile, positions in the lanes; values in groups of 6 per row block): exact against float64,
+    and each query's bits equal its own single-query call."""
+    rng = np.random.default_rng(nq)
+    n, hd = 203, 64  # a ragged last key tile and value block
+    q = rng.standard_normal((nq, hd)).astype(np.float32)
+    k = rng.standard_normal((n, 192)).astype(np.float16)
+    v = rng.standard_normal((n, 192)).astype(np.float16)
+    p = rng.random((nq, n)).astype(np.float32)
+    scale = 1 / np.sqrt(hd)
+    sc = _native.kernel_attn_scores_h("avx512", q, k.view(np.uint16), hd, scale).reshape(nq, n)
+    assert np.allclose(sc, q.astype(np.float64) @ k[:, :hd].astype(np.float64).T * scale, atol=1e-5)
+    o = _native.kernel_attn_values_h("avx512", p, v.view(np.uint16), hd).reshape(nq, hd)
+    assert np.allclose(o, p.astype(np.float64) @ v[:, :hd].astype(np.float64), atol=1e-4)
+    for j in range(nq):
+        assert np.array_equal(sc[j], _native.kernel_attn_scores_h("avx512", q[j], k.view(np.uint16), hd, scale))
+        assert np.array_equal(o[j], _native.kernel_attn_values_h("avx512", p[j], v.view(np.uint16), hd))
 
 
 @pytest.mark.parametrize("n,hd,stride", [(1, 64, 192), (9, 64, 64), (70, 32, 96)])

@@ -33,6 +33,22 @@ def test_batch_vs_token_by_token_vs_rewind(smollm2):
     eng.reset()
 
 
+def test_long_batch_equals_tokens_one_by_one_across_splits(smollm2):
+    """Past 256 positions attention runs in cache splits, prefill in 256-token chunks and
+    several tokens' queries per kernel call; none of it may change a token's bits."""
+    eng = smollm2
+    toks = (eng.tokenizer.encode(TEXT) * 40)[:620]
+    eng.reset()
+    whole = eng.ctx.eval(toks, all_logits=True)  # chunks 0-255, 256-511, 512-619
+    eng.ctx.rewind(497)                          # a split, a chunk and a key tile boundary inside
+    batch = eng.ctx.eval(toks[497:], all_logits=True)
+    eng.ctx.rewind(497)
+    single = np.stack([eng.ctx.eval([t], all_logits=True)[0] for t in toks[497:]])
+    assert np.array_equal(batch, whole[497:])
+    assert np.array_equal(single, whole[497:])
+    eng.reset()
+
+
 def test_thread_count_does_not_change_logits(smollm2_path):
     toks = Engine.load(smollm2_path, ctx=128, threads=1).tokenizer.encode(TEXT)
     out = [Engine.load(smollm2_path, ctx=128, threads=n).ctx.eval(toks, all_logits=True) for n in (1, 2, 3)]

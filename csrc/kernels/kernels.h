@@ -65,6 +65,13 @@ struct QuantAct {
     int64_t ld;  // tokens between consecutive blocks of one token
 };
 
+// The K cache holds keys in tiles of kKeyTile positions, transposed: channel c of position p
+// (c < kv_dim, the heads' channels side by side) is element ((p / kKeyTile) * kv_dim + c) *
+// kKeyTile + p % kKeyTile of a layer. One load gives a channel for 16 positions, so a score
+// kernel keeps positions in the lanes and needs no horizontal sums (V stays row-major: the
+// value kernels keep output channels in the lanes).
+constexpr int kKeyTile = 16;
+
 struct Kernels {
     const char* name;
     // y[t*ldy + r] = dot(W[r, :], x[t*ldx : t*ldx + cols]) for r in [r0, r1), t in [0, n).
@@ -81,11 +88,13 @@ struct Kernels {
     void (*rmsnorm)(const float* x, const float* w, int64_t n, float eps, float* out);
     // out = silu(g) * u
     void (*swiglu)(const float* g, const float* u, int64_t n, float* out);
-    // Attention over one head, positions 0..n-1 of a (n, stride) cache slice:
-    // out[i] = dot(q, k + i*stride) * scale  for i < n          (k: (n, >= hd))
-    // nq query vectors (q + j*hd, a GQA group sharing one kv head) at once, so each cache row
-    // is loaded and converted once for all of them; out + j*ldo receives query j's scores.
-    void (*attn_scores)(const float* q, int nq, const float* k, int64_t stride, int n, int hd, float scale,
+    // Attention scores of nq queries (q + j*hd) against positions 0..n-1 of one head's keys:
+    // out[j*ldo + i] = (sum over d = 0..hd-1, in order, of q[j][d] * key_i[d]) * scale.
+    // Keys are stored in tiles of kKeyTile positions, transposed (see kKeyTile): k points at the
+    // head's first channel in the tile of position 0, and tile t starts tstride elements later.
+    // A score is one chain over d with the positions in the lanes, so it does not depend on nq,
+    // on which other queries share the call, or on n: batches equal queries one by one.
+    void (*attn_scores)(const float* q, int nq, const float* k, int64_t tstride, int n, int hd, float scale,
                         float* out, int64_t ldo);
     // Quantize n rows of x (n, cols) per 32-block into QuantAct's block-major layout with token
     // stride ld (token t, block b at index b*ld + t): d = max|x|/127, q = round(x/d),
@@ -96,7 +105,7 @@ struct Kernels {
     void (*matmul_int8)(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n,
                         float* y, int64_t ldy);
     // The same two attention kernels over an fp16 cache (the fast path stores K/V in fp16).
-    void (*attn_scores_h)(const float* q, int nq, const uint16_t* k, int64_t stride, int n, int hd, float scale,
+    void (*attn_scores_h)(const float* q, int nq, const uint16_t* k, int64_t tstride, int n, int hd, float scale,
                           float* out, int64_t ldo);
     void (*attn_values_h)(const float* p, int64_t ldp, int nq, const uint16_t* v, int64_t stride, int n, int hd,
                           float* out, int64_t ldo);
@@ -105,8 +114,10 @@ struct Kernels {
     // x[0:n] = exp(x[0:n] - m) in place with m = max(x[0:n]) (n >= 1); *max = m; returns the
     // sum of the new x (an unnormalized softmax: attention merges these per cache split)
     float (*softmax_partial)(float* x, int n, float* max);
-    // out[0:hd] += sum_i p[i] * v[i*stride : i*stride + hd]     (accumulates, in position order)
-    // for each of nq queries j: out[j*ldo + 0:hd] += sum_i p[j*ldp + i] * v[i*stride : +hd]
+    // For each of nq queries j: out[j*ldo + 0:hd] += sum_i p[j*ldp + i] * v[i*stride : +hd], one
+    // chain per output value in position order (rows of V are not tiled). Like the scores, a
+    // query's result does not depend on nq, and a call over positions [0, a) followed by one
+    // over [a, n) gives the same bits as one call over [0, n).
     void (*attn_values)(const float* p, int64_t ldp, int nq, const float* v, int64_t stride, int n, int hd,
                         float* out, int64_t ldo);
 };

@@ -9,6 +9,7 @@
 // order of the float sums.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -372,98 +373,103 @@ void swiglu_avx512(const float* g, const float* u, int64_t n, float* out) {
 inline __m512 load_kv(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 inline __m512 load_kv(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 
-// A head's cache rows are hd values every kv_dim values: a stride the hardware prefetchers do
-// not follow, so at long context every row would be a latency-bound miss (decode at 4k
-// positions read its K/V at 4 GB/s). The kernels fetch the rows kRowsAhead (scores) or
-// 2 x kRowsAhead (values, less work per row) ahead. A prefetch never faults, so reading past
-// the cache's end is harmless.
-constexpr int kRowsAhead = 32;
-template <typename T>
-inline void prefetch_row(const T* row, int hd) {
-    for (size_t o = 0; o < size_t(hd) * sizeof(T); o += 64) _mm_prefetch((const char*)row + o, _MM_HINT_T1);
+// Long-context attention is bound by reading the cache, and a head's data is not one stream (its
+// key tiles are kv_dim x 16 values apart, its value rows kv_dim values apart), which the hardware
+// prefetchers do not follow: decode at 4k positions read its K/V at 4 GB/s without help. The
+// kernels fetch kTilesAhead key tiles or 2 x kRowsAhead value rows ahead into L2. A prefetch
+// never faults, so reading past the cache's end is harmless.
+constexpr int kRowsAhead = 32, kTilesAhead = 4;
+inline void prefetch_bytes(const void* p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char*)p + o, _MM_HINT_T1);
 }
 
-// r[j] = sum of the 16 lanes of v[j], j < 8, in the low 256 bits (the same tree, one level less).
-inline __m256 reduce8(const __m512* v) {
-    __m512 w[4], x[2];
-    for (int k = 0; k < 4; ++k)
-        w[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
-    for (int k = 0; k < 2; ++k)
-        x[k] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * k], w[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(w[2 * k], w[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 z = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 2, 3, 2)));
-    return _mm512_castps512_ps256(_mm512_add_ps(_mm512_shuffle_f32x4(z, z, _MM_SHUFFLE(2, 0, 2, 0)),
-                                                _mm512_shuffle_f32x4(z, z, _MM_SHUFFLE(3, 1, 3, 1))));
-}
+// 16 positions of one key channel (a tile row)
+inline __m512 load_tile_row(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load_tile_row(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
 
-// Scores of G queries against R rows starting at row i: G x R accumulators (at most 24, so the
-// queries, one converted row and the accumulators stay in the 32 registers), each cache row
-// loaded and converted once for all G queries, one reduction tree per query. HD > 0 fixes the
-// head size at compile time (64: the loops unroll and the accumulators stay in registers; with
-// a run-time size GCC kept them on the stack); the arithmetic is the same either way.
-template <typename T, int G, int R, int HD>
-inline void scores_rows(const float* q, const T* k, int64_t stride, int hd_, float scale, float* out,
-                        int64_t ldo, int i) {
-    const int hd = HD ? HD : hd_;
+// Scores of G queries (q: (hd, G), channel-major, so one pointer with constant offsets reaches
+// them all) against the 16 x R positions of R consecutive key tiles (tile i0 / 16 on):
+// G x R accumulators, one chain over the channels each; every tile row is loaded and converted
+// once for the G queries. G x R <= 24 and G x (R + 1) <= 31: GCC keeps a query value broadcast
+// in a register while the R tiles use it, and with more live values it spilled accumulators.
+template <typename T, int G, int R>
+inline void score_tiles(const float* q, int hd, const T* k, int64_t tstride, float scale, float* out, int64_t ldo,
+                        int i0, int n) {
     __m512 a[G][R];
+#pragma GCC unroll 24
     for (int g = 0; g < G; ++g)
         for (int r = 0; r < R; ++r) a[g][r] = _mm512_setzero_ps();
-    const T* k0 = k + i * stride;
-    for (int r = 0; r < R; ++r) prefetch_row(k0 + (r + kRowsAhead) * stride, hd);
+    for (int r = 0; r < R; ++r) prefetch_bytes(k + (r + kTilesAhead) * tstride, size_t(hd) * kKeyTile * sizeof(T));
+#pragma GCC unroll 2
+    for (int d = 0; d < hd; ++d)
 #pragma GCC unroll 8
-    for (int d = 0; d < hd; d += 16) {
-        const __mmask16 m = tail_mask(hd - d);
-        __m512 qv[G];
-        for (int g = 0; g < G; ++g) qv[g] = _mm512_maskz_loadu_ps(m, q + g * hd + d);
         for (int r = 0; r < R; ++r) {
-            const __m512 kv = load_kv(k0 + r * stride + d, m);
-            for (int g = 0; g < G; ++g) a[g][r] = _mm512_fmadd_ps(qv[g], kv, a[g][r]);
+            const __m512 kv = load_tile_row(k + r * tstride + d * kKeyTile);
+#pragma GCC unroll 24  // GCC's own heuristics left the 24-query loop rolled, accumulators in memory
+            for (int g = 0; g < G; ++g) a[g][r] = _mm512_fmadd_ps(_mm512_set1_ps(q[d * G + g]), kv, a[g][r]);
         }
-    }
-    for (int g = 0; g < G; ++g) {
-        if constexpr (R == 16) _mm512_storeu_ps(out + g * ldo + i, _mm512_mul_ps(reduce16(a[g]), _mm512_set1_ps(scale)));
-        else _mm256_storeu_ps(out + g * ldo + i, _mm256_mul_ps(reduce8(a[g]), _mm256_set1_ps(scale)));
+    const __m512 s = _mm512_set1_ps(scale);
+    for (int r = 0; r < R; ++r) {
+        const int i = i0 + r * kKeyTile;
+        if (i >= n) break;
+        const __mmask16 m = tail_mask(n - i);
+#pragma GCC unroll 24
+        for (int g = 0; g < G; ++g) _mm512_mask_storeu_ps(out + g * ldo + i, m, _mm512_mul_ps(a[g][r], s));
     }
 }
 
-template <typename T, int G>
-void scores_group(const float* q, const T* k, int64_t stride, int n, int hd, float scale, float* out, int64_t ldo) {
-    constexpr int R = G == 1 ? 16 : 8;
-    int i = 0;
-    if (hd == 64)
-        for (; i + R <= n; i += R) scores_rows<T, G, R, 64>(q, k, stride, hd, scale, out, ldo, i);
-    for (; i + R <= n; i += R) scores_rows<T, G, R, 0>(q, k, stride, hd, scale, out, ldo, i);
-    for (; i < n; ++i)  // ragged tail, one row at a time
-        for (int g = 0; g < G; ++g) {
-            __m512 a = _mm512_setzero_ps();
-            for (int d = 0; d < hd; d += 16) {
-                const __mmask16 m = tail_mask(hd - d);
-                a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + g * hd + d), load_kv(k + i * stride + d, m), a);
-            }
-            out[g * ldo + i] = _mm512_reduce_add_ps(a) * scale;
-        }
+// `left` tiles from tile t for G queries: R at a time, then the rest with smaller R.
+template <typename T, int G, int R>
+void score_run(const float* q, int hd, const T* k, int64_t tstride, float scale, float* out, int64_t ldo, int t,
+               int left, int n) {
+    for (; left >= R; t += R, left -= R)
+        score_tiles<T, G, R>(q, hd, k + t * tstride, tstride, scale, out, ldo, t * kKeyTile, n);
+    if constexpr (R > 1)
+        if (left > 0) score_run<T, G, R / 2>(q, hd, k, tstride, scale, out, ldo, t, left, n);
 }
 
 template <typename T>
-void attn_scores_t(const float* q, int nq, const T* k, int64_t stride, int n, int hd, float scale, float* out,
+void attn_scores_t(const float* q, int nq, const T* k, int64_t tstride, int n, int hd, float scale, float* out,
                    int64_t ldo) {
-    for (int j = 0; j < nq;) {  // queries in groups of up to 3 (the group split depends on nq only)
-        const int g = nq - j >= 3 ? 3 : nq - j;
-        if (g == 3) scores_group<T, 3>(q + j * hd, k, stride, n, hd, scale, out + j * ldo, ldo);
-        else if (g == 2) scores_group<T, 2>(q + j * hd, k, stride, n, hd, scale, out + j * ldo, ldo);
-        else scores_group<T, 1>(q + j * hd, k, stride, n, hd, scale, out + j * ldo, ldo);
-        j += g;
+    // Passes of 8 tiles, queries inner: a pass's tiles stay in L1 while every query uses them.
+    // Only the grouping depends on nq; each score's arithmetic does not.
+    constexpr int kPass = 8;
+    auto group_of = [nq](int j) {
+        const int left = nq - j;
+        return left >= 24 ? 24 : left >= 12 ? 12 : left >= 6 ? 6 : left >= 3 ? 3 : left;
+    };
+    thread_local std::vector<float> qt;  // each group's queries channel-major: (hd, g)
+    qt.resize(size_t(nq) * hd);
+    for (int j = 0, g; j < nq; j += g) {
+        g = group_of(j);
+        for (int i = 0; i < g; ++i)
+            for (int d = 0; d < hd; ++d) qt[size_t(j) * hd + d * g + i] = q[(j + i) * hd + d];
+    }
+    const int tiles = (n + kKeyTile - 1) / kKeyTile;
+    for (int t0 = 0; t0 < tiles; t0 += kPass) {
+        const int cnt = std::min(kPass, tiles - t0);
+        for (int j = 0; j < nq;) {
+            const int g = group_of(j);
+            const float* qj = qt.data() + size_t(j) * hd;
+            float* oj = out + j * ldo;
+            if (g == 24) score_run<T, 24, 1>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
+            else if (g == 12) score_run<T, 12, 1>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
+            else if (g == 6) score_run<T, 6, 3>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
+            else if (g == 3) score_run<T, 3, 8>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
+            else if (g == 2) score_run<T, 2, 8>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
+            else score_run<T, 1, 8>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
+            j += g;
+        }
     }
 }
 
-void attn_scores_avx512(const float* q, int nq, const float* k, int64_t stride, int n, int hd, float scale,
+void attn_scores_avx512(const float* q, int nq, const float* k, int64_t tstride, int n, int hd, float scale,
                         float* out, int64_t ldo) {
-    attn_scores_t(q, nq, k, stride, n, hd, scale, out, ldo);
+    attn_scores_t(q, nq, k, tstride, n, hd, scale, out, ldo);
 }
-void attn_scores_h_avx512(const float* q, int nq, const uint16_t* k, int64_t stride, int n, int hd, float scale,
+void attn_scores_h_avx512(const float* q, int nq, const uint16_t* k, int64_t tstride, int n, int hd, float scale,
                           float* out, int64_t ldo) {
-    attn_scores_t(q, nq, k, stride, n, hd, scale, out, ldo);
+    attn_scores_t(q, nq, k, tstride, n, hd, scale, out, ldo);
 }
 
 float softmax_partial_avx512(float* x, int n, float* max) {
@@ -484,55 +490,72 @@ float softmax_partial_avx512(float* x, int n, float* max) {
 }
 
 // out[g] += sum_i p[g][i] v[i] for G queries: each value row is loaded and converted once for
-// all of them. A single query splits even and odd rows over two accumulator sets (two FMA
-// chains per output register instead of one), added at the end.
-template <typename T, int G>
-void values_group(const float* p, int64_t ldp, const T* v, int64_t stride, int n, int hd, float* out, int64_t ldo) {
-    constexpr int S = G == 1 ? 2 : 1;  // accumulator sets
+// all of them; one chain per output value, in position order, whatever G is. HD > 0 fixes the
+// head size (64: no run-time lane checks in the loop); the arithmetic is the same either way.
+template <typename T, int G, int HD>
+void values_group(const float* p, int64_t ldp, const T* v, int64_t stride, int n, int hd_, float* out, int64_t ldo) {
+    const int hd = HD ? HD : hd_;
     for (int d0 = 0; d0 < hd; d0 += 64) {  // up to 64 output lanes stay in registers
         const int w = hd - d0 < 64 ? hd - d0 : 64;
         const __mmask16 m[4] = {tail_mask(w), tail_mask(w - 16), tail_mask(w - 32), tail_mask(w - 48)};
-        __m512 acc[S][G][4];
+        __m512 acc[G][4];
+#pragma GCC unroll 8
         for (int g = 0; g < G; ++g)
-            for (int j = 0; j < 4; ++j) {
-                acc[0][g][j] = _mm512_maskz_loadu_ps(m[j], out + g * ldo + d0 + 16 * j);
-                if constexpr (S == 2) acc[S - 1][g][j] = _mm512_setzero_ps();
-            }
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; ++j) acc[g][j] = _mm512_maskz_loadu_ps(m[j], out + g * ldo + d0 + 16 * j);
         for (int i = 0; i < n; ++i) {
-            const int s = S == 2 ? (i & 1) : 0;
             const T* vi = v + i * stride + d0;
-            if (d0 == 0) prefetch_row(vi + 2 * kRowsAhead * stride, hd);
+            if (d0 == 0) {
+                if constexpr (HD > 0)
+                    for (int o = 0; o < HD * int(sizeof(T)); o += 64) _mm_prefetch((const char*)(vi + 2 * kRowsAhead * stride) + o, _MM_HINT_T1);
+                else prefetch_bytes(vi + 2 * kRowsAhead * stride, size_t(hd) * sizeof(T));
+            }
             __m512 vv[4];
+#pragma GCC unroll 4
             for (int j = 0; j < 4; ++j)
-                if (16 * j < w) vv[j] = load_kv(vi + 16 * j, m[j]);
+                if (16 * j < w) vv[j] = HD ? load_kv(vi + 16 * j, __mmask16(0xFFFF)) : load_kv(vi + 16 * j, m[j]);
+#pragma GCC unroll 8  // left to itself GCC kept the loops rolled, accumulators in memory
             for (int g = 0; g < G; ++g) {
                 const __m512 pg = _mm512_set1_ps(p[g * ldp + i]);
+#pragma GCC unroll 4
                 for (int j = 0; j < 4; ++j)
-                    if (16 * j < w) acc[s][g][j] = _mm512_fmadd_ps(pg, vv[j], acc[s][g][j]);
+                    if (16 * j < w) acc[g][j] = _mm512_fmadd_ps(pg, vv[j], acc[g][j]);
             }
         }
+#pragma GCC unroll 8
         for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
             for (int j = 0; j < 4; ++j)
-                if (16 * j < w) {
-                    __m512 r = acc[0][g][j];
-                    if constexpr (S == 2) r = _mm512_add_ps(r, acc[S - 1][g][j]);
-                    _mm512_mask_storeu_ps(out + g * ldo + d0 + 16 * j, m[j], r);
-                }
+                if (16 * j < w) _mm512_mask_storeu_ps(out + g * ldo + d0 + 16 * j, m[j], acc[g][j]);
     }
+}
+
+template <typename T, int G>
+void values_group(const float* p, int64_t ldp, const T* v, int64_t stride, int n, int hd, float* out, int64_t ldo) {
+    if (hd == 64) values_group<T, G, 64>(p, ldp, v, stride, n, hd, out, ldo);
+    else values_group<T, G, 0>(p, ldp, v, stride, n, hd, out, ldo);
 }
 
 template <typename T>
 void attn_values_t(const float* p, int64_t ldp, int nq, const T* v, int64_t stride, int n, int hd, float* out,
                    int64_t ldo) {
-    for (int j = 0; j < nq;) {  // queries in groups of up to 4 (16 accumulators)
-        const int g = nq - j >= 4 ? 4 : nq - j;
-        const float* pj = p + j * ldp;
-        float* oj = out + j * ldo;
-        if (g == 4) values_group<T, 4>(pj, ldp, v, stride, n, hd, oj, ldo);
-        else if (g == 3) values_group<T, 3>(pj, ldp, v, stride, n, hd, oj, ldo);
-        else if (g == 2) values_group<T, 2>(pj, ldp, v, stride, n, hd, oj, ldo);
-        else values_group<T, 1>(pj, ldp, v, stride, n, hd, oj, ldo);
-        j += g;
+    // Blocks of 32 rows, queries in groups of up to 6 (24 accumulators) inner: a block stays in
+    // L1 while every group uses it. The partial sums go through `out` between blocks (exact).
+    constexpr int kBlock = 32;
+    for (int i0 = 0; i0 < n; i0 += kBlock) {
+        const int cnt = std::min(kBlock, n - i0);
+        const T* vb = v + i0 * stride;
+        for (int j = 0; j < nq;) {
+            const int g = nq - j >= 6 ? 6 : nq - j >= 4 ? 4 : nq - j;
+            const float* pj = p + j * ldp + i0;
+            float* oj = out + j * ldo;
+            if (g == 6) values_group<T, 6>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
+            else if (g == 4) values_group<T, 4>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
+            else if (g == 3) values_group<T, 3>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
+            else if (g == 2) values_group<T, 2>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
+            else values_group<T, 1>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
+            j += g;
+        }
     }
 }
 

@@ -163,10 +163,28 @@ static void swiglu_ref(const float* g, const float* u, int64_t n, float* out) {
     for (int64_t i = 0; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
-static void attn_scores_ref(const float* q, int nq, const float* k, int64_t stride, int n, int hd,
-                            float scale, float* out, int64_t ldo) {
+// Element of channel d of position i in a head's key tiles (kernels.h, kKeyTile).
+template <typename T>
+static float key_at(const T* k, int64_t tstride, int i, int d) {
+    const T x = k[(i / kKeyTile) * tstride + d * kKeyTile + i % kKeyTile];
+    if constexpr (sizeof(T) == 2) return f16_to_f32(x);
+    else return x;
+}
+
+template <typename T>
+static void attn_scores_tiles_ref(const float* q, int nq, const T* k, int64_t tstride, int n, int hd, float scale,
+                                  float* out, int64_t ldo) {
     for (int j = 0; j < nq; ++j)
-        for (int i = 0; i < n; ++i) out[j * ldo + i] = dot_ref(q + j * hd, k + i * stride, hd) * scale;
+        for (int i = 0; i < n; ++i) {
+            float acc = 0.0f;
+            for (int d = 0; d < hd; ++d) acc += q[j * hd + d] * key_at(k, tstride, i, d);
+            out[j * ldo + i] = acc * scale;
+        }
+}
+
+static void attn_scores_ref(const float* q, int nq, const float* k, int64_t tstride, int n, int hd, float scale,
+                            float* out, int64_t ldo) {
+    attn_scores_tiles_ref(q, nq, k, tstride, n, hd, scale, out, ldo);
 }
 
 static float softmax_partial_ref(float* x, int n, float* max) {
@@ -244,14 +262,9 @@ static void matmul_int8_ref(const PackedWeights& w, int64_t r0, int64_t r1, cons
     }
 }
 
-static void attn_scores_h_ref(const float* q, int nq, const uint16_t* k, int64_t stride, int n, int hd,
+static void attn_scores_h_ref(const float* q, int nq, const uint16_t* k, int64_t tstride, int n, int hd,
                               float scale, float* out, int64_t ldo) {
-    for (int j = 0; j < nq; ++j)
-        for (int i = 0; i < n; ++i) {
-            float acc = 0.0f;
-            for (int d = 0; d < hd; ++d) acc += q[j * hd + d] * f16_to_f32(k[i * stride + d]);
-            out[j * ldo + i] = acc * scale;
-        }
+    attn_scores_tiles_ref(q, nq, k, tstride, n, hd, scale, out, ldo);
 }
 
 static void attn_values_h_ref(const float* p, int64_t ldp, int nq, const uint16_t* v, int64_t stride, int n,
