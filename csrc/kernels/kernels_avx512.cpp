@@ -473,20 +473,34 @@ void attn_scores_h_avx512(const float* q, int nq, const uint16_t* k, int64_t tst
 }
 
 float softmax_partial_avx512(float* x, int n, float* max) {
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int i = 0; i < n; i += 16)
-        mx = _mm512_mask_max_ps(mx, tail_mask(n - i), mx, _mm512_maskz_loadu_ps(tail_mask(n - i), x + i));
-    const float m = _mm512_reduce_max_ps(mx);
+    // A score row is short (at most a split), so latency matters more than throughput: four
+    // independent max chains (the max is exact in any order) and two interleaved exp/sum chains.
+    __m512 mx4[4];
+    for (int j = 0; j < 4; ++j) mx4[j] = _mm512_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 64 <= n; i += 64)
+        for (int j = 0; j < 4; ++j) mx4[j] = _mm512_max_ps(mx4[j], _mm512_loadu_ps(x + i + 16 * j));
+    for (; i < n; i += 16)
+        mx4[0] = _mm512_mask_max_ps(mx4[0], tail_mask(n - i), mx4[0], _mm512_maskz_loadu_ps(tail_mask(n - i), x + i));
+    const float m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(mx4[0], mx4[1]), _mm512_max_ps(mx4[2], mx4[3])));
     const __m512 vmax = _mm512_set1_ps(m);
-    __m512 sum = _mm512_setzero_ps();
-    for (int i = 0; i < n; i += 16) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    for (i = 0; i + 32 <= n; i += 32) {
+        const __m512 e0 = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmax));
+        const __m512 e1 = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i + 16), vmax));
+        s0 = _mm512_add_ps(s0, e0);
+        s1 = _mm512_add_ps(s1, e1);
+        _mm512_storeu_ps(x + i, e0);
+        _mm512_storeu_ps(x + i + 16, e1);
+    }
+    for (; i < n; i += 16) {
         const __mmask16 k = tail_mask(n - i);
         const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), vmax));
-        sum = _mm512_mask_add_ps(sum, k, sum, e);
+        s0 = _mm512_mask_add_ps(s0, k, s0, e);
         _mm512_mask_storeu_ps(x + i, k, e);
     }
     *max = m;
-    return _mm512_reduce_add_ps(sum);
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
 // out[g] += sum_i p[g][i] v[i] for G queries: each value row is loaded and converted once for
