@@ -79,23 +79,27 @@ AlignedBytes alloc_zeroed(size_t bytes) {
     return AlignedBytes(p);
 }
 
+static size_t packed_scale_bytes(int type) { return type == GGML_Q4_1 ? 64 : 32; }
+
 size_t packed_bytes(const WeightView& w) {
     const size_t payload = packed_payload_bytes(w.type);
-    return payload ? size_t((w.rows + 15) / 16) * (w.cols / QK) * (64 + payload) : 0;
+    return payload ? size_t((w.rows + 15) / 16) * (w.cols / QK) * (payload + packed_scale_bytes(w.type)) : 0;
 }
 
 void pack_into(const WeightView& w, PackedWeights& p, uint8_t* dst) {
     p.type = w.type, p.rows = w.rows, p.cols = w.cols;
-    p.groups = (w.rows + 15) / 16, p.blocks = w.cols / QK, p.block_bytes = 64 + packed_payload_bytes(w.type);
+    p.groups = (w.rows + 15) / 16, p.blocks = w.cols / QK;
+    p.block_bytes = packed_payload_bytes(w.type), p.scale_bytes = packed_scale_bytes(w.type);
+    uint8_t* scales = dst + size_t(p.groups) * p.blocks * p.block_bytes;  // payloads: a multiple of 64 bytes
     const size_t bb = row_bytes(w.type, QK);
     for (int64_t r = 0; r < w.rows; ++r) {
         const int64_t g = r / 16, lane = r % 16;
         for (int64_t b = 0; b < p.blocks; ++b) {
             const uint8_t* src = w.row(r) + b * bb;
-            uint8_t* blk = dst + (size_t(g) * p.blocks + b) * p.block_bytes;
-            std::memcpy(blk + 2 * lane, src, 2);                                   // d
-            if (w.type == GGML_Q4_1) std::memcpy(blk + 32 + 2 * lane, src + 2, 2);  // m
-            uint8_t* pay = blk + 64 + 4 * lane;
+            uint8_t* sc = scales + (size_t(g) * p.blocks + b) * p.scale_bytes;
+            std::memcpy(sc + 2 * lane, src, 2);                                   // d
+            if (w.type == GGML_Q4_1) std::memcpy(sc + 32 + 2 * lane, src + 2, 2);  // m
+            uint8_t* pay = dst + (size_t(g) * p.blocks + b) * p.block_bytes + 4 * lane;
             if (w.type == GGML_Q8_0) {
                 for (int j = 0; j < 8; ++j)
                     for (int k = 0; k < 4; ++k) pay[64 * j + k] = uint8_t(int(int8_t(src[2 + 4 * j + k])) + 128);
@@ -106,6 +110,7 @@ void pack_into(const WeightView& w, PackedWeights& p, uint8_t* dst) {
         }
     }
     p.data = dst;
+    p.scales = scales;
 }
 
 bool pack_weights(const WeightView& w, PackedWeights& p, AlignedBytes& storage) {

@@ -650,11 +650,14 @@ void group_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, fl
     const float* xd = x.d + t0;
     const int32_t* xc = x.c + t0;
     const float* xds = x.ds + t0;
-    const int64_t qstep = x.ld * QK, gstep = w.blocks * w.block_bytes;
+    const int64_t qstep = x.ld * QK, gstep = w.blocks * w.block_bytes, sstep = w.blocks * w.scale_bytes;
     for (int64_t b = 0; b < w.blocks; ++b, xq += qstep, xd += x.ld, xc += x.ld, xds += x.ld) {
         const uint8_t* blk = w.at(g, b);
-        if (NT == 1)  // decode: see kPrefetch
+        const uint8_t* sc = w.scale_at(g, b);
+        if (NT == 1) {  // decode: see kPrefetch; the scales the same number of blocks ahead
             for (size_t o = 0; o < w.block_bytes; o += 64) _mm_prefetch((const char*)blk + kPrefetch + o, _MM_HINT_T0);
+            _mm_prefetch((const char*)sc + kPrefetch / w.block_bytes * w.scale_bytes, _MM_HINT_T0);
+        }
         // j outer, tokens inner: consecutive vpdpbusd belong to different tokens' chains, so the
         // 5-cycle latency is hidden in program order, and only step j's weights (loaded, or
         // unpacked from the Q4 nibbles, once per step) occupy registers
@@ -672,7 +675,7 @@ void group_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, fl
             __m512i p[G];
             int o;
             for (int h = 0; h < G; ++h) {
-                const uint8_t* pay = blk + h * gstep + 64;
+                const uint8_t* pay = blk + h * gstep;
                 if constexpr (TYPE == GGML_Q8_0) {
                     p[h] = _mm512_load_si512((const void*)(pay + 64 * j));  // elements 4j..4j+3
                     o = 4 * j;
@@ -690,9 +693,9 @@ void group_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, fl
             }
         }
         for (int h = 0; h < G; ++h) {
-            const __m512 wd = _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(blk + h * gstep)));
+            const __m512 wd = _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(sc + h * sstep)));
             __m512 wm = _mm512_setzero_ps();
-            if constexpr (TYPE == GGML_Q4_1) wm = _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(blk + h * gstep + 32)));
+            if constexpr (TYPE == GGML_Q4_1) wm = _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(sc + h * sstep + 32)));
 #pragma GCC unroll 16
             for (int t = 0; t < NT; ++t) {
                 __m512i sum = acc[0][h][t];

@@ -241,8 +241,8 @@ static void matmul_int8_ref(const PackedWeights& w, int64_t r0, int64_t r1, cons
         for (int t = 0; t < n; ++t) {
             float acc = 0.0f;
             for (int64_t b = 0; b < w.blocks; ++b) {
-                const uint8_t* blk = w.at(g, b);
-                const uint8_t* pay = blk + 64 + lane * 4;
+                const uint8_t* pay = w.at(g, b) + lane * 4;
+                const uint8_t* sc = w.scale_at(g, b);
                 const int64_t i = b * x.ld + t;
                 const int8_t* xq = x.q + i * QK;
                 int32_t isum = 0;
@@ -254,8 +254,8 @@ static void matmul_int8_ref(const PackedWeights& w, int64_t r0, int64_t r1, cons
                     }
                 if (w.type == GGML_Q4_0) isum += x.c[i] / 16;  // -8 * sum(q)
                 if (w.type == GGML_Q8_0) isum += x.c[i];        // -128 * sum(q)
-                acc += float(isum) * (f16_to_f32(rd16(blk + 2 * lane)) * x.d[i]);
-                if (w.type == GGML_Q4_1) acc += f16_to_f32(rd16(blk + 32 + 2 * lane)) * x.ds[i];
+                acc += float(isum) * (f16_to_f32(rd16(sc + 2 * lane)) * x.d[i]);
+                if (w.type == GGML_Q4_1) acc += f16_to_f32(rd16(sc + 32 + 2 * lane)) * x.ds[i];
             }
             y[t * ldy + r] = acc;
         }
