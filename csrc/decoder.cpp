@@ -198,6 +198,8 @@ void Context::store_kv(int layer, int pos, const float* k, const float* v) {
     }
 }
 
+static_assert(Context::kSplit % kKeyTile == 0, "a split starts on a key tile");
+
 void Context::attention(int layer, int n) {
     // Causal attention for the n new tokens at positions n_past_ .. n_past_+n-1 (whose k/v are
     // already in the cache). At long context decode is bound by reading K and V, and prefill by

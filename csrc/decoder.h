@@ -38,9 +38,8 @@ class Context {
     const Model& model() const { return *model_; }
 
     static constexpr int kChunk = 256;  // tokens per prefill step: weights stream once per chunk (64 -> 256: pp512 +7-15%)
-    static constexpr int kQB = 24;     // query vectors per kv head in an attention task
-    static constexpr int kPB = 64;     // cache positions per attention block (K/V block in L1)
-    static constexpr int kSplit = 256; // cache positions per attention split (a multiple of kPB)
+    static constexpr int kQB = 24;     // query vectors per kv head in an attention task (the widest score group)
+    static constexpr int kSplit = 256; // cache positions per attention split (whole key tiles)
 
   private:
     void forward_chunk(const int32_t* tokens, int n, float* all_logits);
