@@ -64,3 +64,11 @@ def test_tiny_temperature_with_masked_logits_picks_the_top():
     for t in (1e-308, 1e-30, 1e-3):
         for k in (0, 2, 40):
             assert Sampler(SamplingParams(temperature=t, top_k=k, seed=1)).sample(logits) == 2
+
+
+def test_first_stop_is_the_earliest_match_and_the_first_listed_on_a_tie():
+    from zen5.sampling import find_stop, first_stop
+    assert first_stop("The capital is Paris", ["is", "a", "cap"]) == (4, "cap")
+    assert first_stop("abc", ["bc", "b"]) == (1, "bc")      # same index: the first listed
+    assert first_stop("abc", ["x"]) is None and find_stop("abc", ["x"]) is None
+    assert find_stop("a stop here", ["stop"]) == 2

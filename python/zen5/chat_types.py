@@ -212,6 +212,7 @@ class Finish:
     reason: Literal["stop", "length", "tool_calls"]
     usage: Usage
     diagnostics: tuple[str, ...] = ()         # degrade notes (bad signature, canonical replay, ...)
+    stop_sequence: str | None = None          # the request's stop string that ended the reply
 
 
 ChatEvent = Union[ThinkingDelta, ThinkingDone, TextDelta, ToolCallStart, ToolCallDelta,

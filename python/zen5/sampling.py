@@ -87,10 +87,17 @@ class Sampler:
 
 
 # ---- stop strings (shared by every generation loop) ----------------------------------------
+def first_stop(text: str, stops) -> tuple[int, str] | None:
+    """(index, stop string) of the earliest stop string in `text` (the first listed on a tie),
+    or None."""
+    hits = [(i, n, s) for n, s in enumerate(stops) if (i := text.find(s)) >= 0]
+    return min(hits)[::2] if hits else None
+
+
 def find_stop(text: str, stops) -> int | None:
     """Index of the earliest stop string in `text`, or None."""
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return min(hits) if hits else None
+    hit = first_stop(text, stops)
+    return hit[0] if hit else None
 
 
 def partial_stop_len(text: str, stops) -> int:

@@ -53,7 +53,7 @@ from zen5.dialects import base as d
 from zen5.dialects.chatml import CALL_OPEN as _CHATML_CALL_OPEN
 from zen5.dialects.deepseek_v4 import TOOL_TAG as _DSML_TOOL_TAG
 from zen5.engine import Engine
-from zen5.sampling import Sampler, find_stop, partial_stop_len
+from zen5.sampling import Sampler, first_stop, partial_stop_len
 from zen5.signatures import ThinkingSigner, load_or_create_secret
 from zen5.tokenizer import StreamDecoder
 from zen5.tool_memory import ToolMemory, ToolRecord, new_tool_id
@@ -354,7 +354,7 @@ class ChatSession:
         usage = Usage(prompt_tokens=plan.keep + len(plan.new_tokens), completion_tokens=gen.n_sampled,
                       reused_tokens=plan.keep, prefilled_tokens=len(plan.new_tokens),
                       cache_source=plan.source, prefill_seconds=t1 - t0, decode_seconds=t2 - t1)
-        yield Finish(gen.reason, usage, tuple(diagnostics + gen.diagnostics))
+        yield Finish(gen.reason, usage, tuple(diagnostics + gen.diagnostics), gen.stop_sequence)
 
     # ---- disk checkpoints -------------------------------------------------------------------
     def _restore(self, plan: _Plan, diagnostics: list[str]) -> _Plan:
@@ -469,6 +469,7 @@ class _Generation:
         self.n_sampled = 0
         self.text = ""                   # sampled text fed to the parser
         self.reason = "length"
+        self.stop_sequence: str | None = None  # the stop string that ended the reply
         self.diagnostics: list[str] = []
         self._thinking: list[str] = []
         self._thinking_open = thinking_mode == "thinking"
@@ -495,10 +496,10 @@ class _Generation:
             self.evaluated.append(tok)
             self.s._save_generation_frontier(self)
             pending += self.decoder.push(tok)
-            cut = find_stop(pending, stops)
-            if cut is not None:
-                yield from self._feed(pending[:cut])
-                pending, self.reason = "", "stop"
+            hit = first_stop(pending, stops)
+            if hit is not None:
+                yield from self._feed(pending[:hit[0]])
+                pending, self.reason, self.stop_sequence = "", "stop", hit[1]
                 break
             keep = partial_stop_len(pending, stops)
             yield from self._feed(pending[: len(pending) - keep])
@@ -510,7 +511,7 @@ class _Generation:
         yield from self._translate(self.parser.finish())
         yield from self._close_thinking()
         if self.finished_calls() and self.reason == "stop":
-            self.reason = "tool_calls"
+            self.reason, self.stop_sequence = "tool_calls", None
 
     def _masked(self, logits: np.ndarray) -> np.ndarray:
         return logits if self.constraint is None else self.constraint.mask(logits)

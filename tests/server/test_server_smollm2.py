@@ -46,6 +46,27 @@ def test_anthropic_sdk_messages(smollm2_server):
     assert count.input_tokens == msg.usage.input_tokens + msg.usage.cache_read_input_tokens
 
 
+def test_anthropic_stop_sequences_report_which_one_stopped(smollm2_server):
+    """A reply ended by one of the request's stop_sequences says so: stop_reason
+    "stop_sequence" and the string, in the body and in the stream's message_delta; the text ends
+    before it."""
+    client = anthropic_client(smollm2_server)
+    stops = ["e", "a", "o"]  # an English answer meets one within a few characters
+    msg = client.messages.create(model="zen5-local", max_tokens=40, stop_sequences=stops,
+                                 messages=[{"role": "user", "content": QUESTION}])
+    assert msg.stop_reason == "stop_sequence" and msg.stop_sequence in stops
+    text = "".join(b.text for b in msg.content if b.type == "text")
+    assert not any(s in text for s in stops)
+    with client.messages.stream(model="zen5-local", max_tokens=40, stop_sequences=stops,
+                                messages=[{"role": "user", "content": QUESTION}]) as s:
+        events = list(s)
+    delta = [e for e in events if e.type == "message_delta"][-1].delta
+    assert delta.stop_reason == "stop_sequence" and delta.stop_sequence in stops
+    # without stop sequences the field stays null
+    plain = client.messages.create(model="zen5-local", max_tokens=5, messages=[{"role": "user", "content": QUESTION}])
+    assert plain.stop_sequence is None and plain.stop_reason in ("end_turn", "max_tokens")
+
+
 def test_openai_sdk_chat_completions_responses(smollm2_server):
     client = openai_client(smollm2_server)
     text, usage = "", None

@@ -32,6 +32,14 @@ _BILLING_HEADER = "x-anthropic-billing-header:"
 _STOP_REASON = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
+def _stop_fields(finish: Finish | None) -> dict:
+    """stop_reason and stop_sequence: "stop_sequence" and the string when one of the request's
+    stop_sequences ended the reply."""
+    if finish is not None and finish.stop_sequence is not None:
+        return {"stop_reason": "stop_sequence", "stop_sequence": finish.stop_sequence}
+    return {"stop_reason": _STOP_REASON[finish.reason if finish else "stop"], "stop_sequence": None}
+
+
 @dataclass
 class Turn:
     id: str                               # msg_…: the reply's id (and a thread's key)
@@ -235,10 +243,9 @@ def _content(part) -> dict:
 
 
 def body(turn: Turn, reply: Reply, ctx: ApiContext) -> dict:
-    reason = reply.finish.reason if reply.finish else "stop"
     return {"id": turn.id, "type": "message", "role": "assistant", "model": turn.model,
-            "content": [_content(p) for p in reply.parts],
-            "stop_reason": _STOP_REASON[reason], "stop_sequence": None, "usage": usage(reply.finish)}
+            "content": [_content(p) for p in reply.parts], **_stop_fields(reply.finish),
+            "usage": usage(reply.finish)}
 
 
 def count_body(n_tokens: int) -> dict:
@@ -308,7 +315,7 @@ class Stream:
         if isinstance(ev, ToolCallDone):
             return self._close()
         if isinstance(ev, Finish):
-            delta = {"stop_reason": _STOP_REASON[ev.reason], "stop_sequence": None}
+            delta = _stop_fields(ev)
             return (self._close() + sse({"type": "message_delta", "delta": delta, "usage": usage(ev)},
                                         "message_delta")
                     + sse({"type": "message_stop"}, "message_stop"))
