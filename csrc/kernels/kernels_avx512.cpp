@@ -390,8 +390,9 @@ inline __m512 load_tile_row(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_l
 // Scores of G queries (q: (hd, G), channel-major, so one pointer with constant offsets reaches
 // them all) against the 16 x R positions of R consecutive key tiles (tile i0 / 16 on):
 // G x R accumulators, one chain over the channels each; every tile row is loaded and converted
-// once for the G queries. G x R <= 24 and G x (R + 1) <= 31: GCC keeps a query value broadcast
-// in a register while the R tiles use it, and with more live values it spilled accumulators.
+// once for the G queries. G x R <= 24, and for R > 1 also G x (R + 1) <= 31: GCC then keeps each
+// query value broadcast in a register while the R tiles use it (6 x 4 spilled accumulators);
+// with R = 1 the broadcast is the FMA's memory operand and takes no register.
 template <typename T, int G, int R>
 inline void score_tiles(const float* q, int hd, const T* k, int64_t tstride, float scale, float* out, int64_t ldo,
                         int i0, int n) {
