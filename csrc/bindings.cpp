@@ -57,8 +57,7 @@ template <typename T>
 std::vector<T> key_tiles(const T* k, int n, int kv_dim) {
     const int tiles = (n + kKeyTile - 1) / kKeyTile;
     std::vector<T> out(size_t(tiles) * kv_dim * kKeyTile, sizeof(T) == 2 ? T(0x7E00) : T(NAN));
-    for (int p = 0; p < n; ++p)
-        for (int c = 0; c < kv_dim; ++c) out[(size_t(p / kKeyTile) * kv_dim + c) * kKeyTile + p % kKeyTile] = k[size_t(p) * kv_dim + c];
+    copy_key_tiles(out.data(), const_cast<T*>(k), n, kv_dim, false);
     return out;
 }
 

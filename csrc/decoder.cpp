@@ -365,32 +365,14 @@ void Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
         std::memcpy(logits_.data(), all_logits + size_t(n - 1) * c.vocab_size, sizeof(float) * c.vocab_size);
 }
 
-namespace {
-// (n, kv) rows <-> transposed tiles of kKeyTile positions (kernels.h); one tile at a time.
-template <typename T>
-void keys_tiles_rows(T* tiles, T* rows, int n, int kv, bool to_rows) {
-    for (int p0 = 0; p0 < n; p0 += kKeyTile) {
-        T* tile = tiles + size_t(p0) * kv;
-        const int m = std::min(kKeyTile, n - p0);
-        for (int l = 0; l < m; ++l) {
-            T* row = rows + size_t(p0 + l) * kv;
-            if (to_rows)
-                for (int i = 0; i < kv; ++i) row[i] = tile[i * kKeyTile + l];
-            else
-                for (int i = 0; i < kv; ++i) tile[i * kKeyTile + l] = row[i];
-        }
-    }
-}
-}  // namespace
-
 void Context::copy_keys(int layer, char* rows, bool to_rows) const {
     // A snapshot stores K as plain (n_past, kv_dim) rows, like V: the file does not depend on
     // the cache's tile layout, and holds nothing of the positions past n_past.
     uint8_t* K = const_cast<uint8_t*>(kv_layer(kcache_, layer));
     if (kv_elem_ == 2)
-        keys_tiles_rows(reinterpret_cast<uint16_t*>(K), reinterpret_cast<uint16_t*>(rows), n_past_, model_->cfg.kv_dim(), to_rows);
+        copy_key_tiles(reinterpret_cast<uint16_t*>(K), reinterpret_cast<uint16_t*>(rows), n_past_, model_->cfg.kv_dim(), to_rows);
     else
-        keys_tiles_rows(reinterpret_cast<float*>(K), reinterpret_cast<float*>(rows), n_past_, model_->cfg.kv_dim(), to_rows);
+        copy_key_tiles(reinterpret_cast<float*>(K), reinterpret_cast<float*>(rows), n_past_, model_->cfg.kv_dim(), to_rows);
 }
 
 std::string Context::snapshot() const {

@@ -67,7 +67,7 @@ class Context {
         return c.get() + size_t(layer) * n_rows_ * model_->cfg.kv_dim() * kv_elem_;
     }
     size_t key_index(int pos, int channel) const {  // element of (pos, channel) in a layer's K
-        return (size_t(pos / kKeyTile) * model_->cfg.kv_dim() + channel) * kKeyTile + pos % kKeyTile;
+        return key_tile_index(pos, channel, model_->cfg.kv_dim());
     }
     void store_kv(int layer, int pos, const float* k, const float* v);
     void copy_keys(int layer, char* rows, bool to_rows) const;  // K tiles <-> (n_past, kv_dim) rows

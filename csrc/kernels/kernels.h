@@ -78,6 +78,21 @@ struct QuantAct {
 // kernel keeps positions in the lanes and needs no horizontal sums (V stays row-major: the
 // value kernels keep output channels in the lanes).
 constexpr int kKeyTile = 16;
+inline size_t key_tile_index(int64_t pos, int64_t channel, int64_t kv_dim) {
+    return size_t((pos / kKeyTile) * kv_dim + channel) * kKeyTile + size_t(pos % kKeyTile);
+}
+// Copies n positions between (n, kv_dim) rows and key tiles, in either direction.
+template <typename T>
+void copy_key_tiles(T* tiles, T* rows, int n, int kv_dim, bool to_rows) {
+    for (int p = 0; p < n; ++p) {
+        T* tile = tiles + key_tile_index(p, 0, kv_dim);
+        T* row = rows + size_t(p) * kv_dim;
+        if (to_rows)
+            for (int i = 0; i < kv_dim; ++i) row[i] = tile[i * kKeyTile];
+        else
+            for (int i = 0; i < kv_dim; ++i) tile[i * kKeyTile] = row[i];
+    }
+}
 
 struct Kernels {
     const char* name;

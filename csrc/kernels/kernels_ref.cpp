@@ -166,7 +166,7 @@ static void swiglu_ref(const float* g, const float* u, int64_t n, float* out) {
 // Element of channel d of position i in a head's key tiles (kernels.h, kKeyTile).
 template <typename T>
 static float key_at(const T* k, int64_t tstride, int i, int d) {
-    const T x = k[(i / kKeyTile) * tstride + d * kKeyTile + i % kKeyTile];
+    const T x = k[key_tile_index(i, d, tstride / kKeyTile)];
     if constexpr (sizeof(T) == 2) return f16_to_f32(x);
     else return x;
 }
