@@ -85,6 +85,12 @@ ANSWERS = (
                                                 "maxItems": 2}},
      "required": ["user", "roles"]},
 )
+# Every string above may be all 6-byte escapes (`\\u0006`; a non-ASCII character is at most 4
+# bytes), JSON is compact and numbers are bounded, so the longest strict answer (ANSWERS[0]) is
+# 337 bytes and the longest forced call (search, in `<tool_call>` tags with its name) 270; every
+# token adds at least one byte, so both always end within this many tokens (CI once sampled a
+# 12-character name of escapes that ran past an earlier limit of 96).
+JSON_MAX = 400
 PATCH_GRAMMAR = r'''
 start: "*** Begin Patch\n" hunk hunk? "*** End Patch"
 hunk: "*** Add File: " FILENAME "\n" line line?
@@ -298,7 +304,7 @@ def test_forced_calls_always_validate(smol):
     for i in range(100):
         choice = "required" if i % 2 else {"name": TOOLS[i % len(TOOLS)].name}
         ev, fin = chat(smol, rng.choice(PROMPTS), tools=TOOLS, tool_choice=choice,
-                       parallel_tool_calls=False, max_tokens=256)
+                       parallel_tool_calls=False, max_tokens=JSON_MAX)
         calls = calls_of(ev)
         assert fin.reason == "tool_calls" and len(calls) == 1, (i, fin, text_of(ev))
         if isinstance(choice, dict):
@@ -313,7 +319,7 @@ def test_json_schema_answers_always_validate(smol):
     for i in range(100):
         schema = ANSWERS[i % len(ANSWERS)]
         fmt = {"type": "json_schema", "schema": schema, "strict": True}
-        ev, fin = chat(smol, rng.choice(PROMPTS), response_format=fmt, max_tokens=96)
+        ev, fin = chat(smol, rng.choice(PROMPTS), response_format=fmt, max_tokens=JSON_MAX)
         assert fin.reason == "stop", (i, text_of(ev))
         validates(json.loads(text_of(ev)), schema)
 
