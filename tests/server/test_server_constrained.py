@@ -122,9 +122,12 @@ ANSWERS = [
 ]
 PROMPTS = ("Hello there!", "What can you do?", "Tell me a joke.", "I need help with my day.", "Paris or Rome?",
            "Good morning", "Plan my week please.", "What is 2+2?", "Describe yourself.", "Any news today?")
-# Budgets well above what the bounded schemas need (strings and arrays have maxima), so a sampled
-# call or answer at temperature 1 is practically never cut short; most requests end far earlier.
-CALL_TOKENS, ANSWER_TOKENS = 256, 256
+# Budgets above the longest text the bounded schemas allow, so a sampled call or answer at
+# temperature 1 is never cut short: with every string character a 6-byte escape (`\\u0006`) and
+# compact JSON, the longest call (create_event, in `<tool_call>` tags with its name) is 370 bytes
+# and the longest answer (ANSWERS[0]) 277, and every token adds at least one byte. Most requests
+# end far earlier.
+CALL_TOKENS, ANSWER_TOKENS = 400, 400
 
 PATCH_GRAMMAR = r'''
 start: "*** Begin Patch\n" hunk hunk? "*** End Patch"
