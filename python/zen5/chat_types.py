@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Iterator, Literal, Union
 
 from zen5.sampling import SamplingParams
 
@@ -213,6 +213,24 @@ class Finish:
     usage: Usage
     diagnostics: tuple[str, ...] = ()         # degrade notes (bad signature, canonical replay, ...)
     stop_sequence: str | None = None          # the request's stop string that ended the reply
+
+
+class Planned:
+    """An accepted request's events, with the usage its plan predicts before any prefill (what
+    an Anthropic stream reports in message_start). The Finish event carries the usage measured;
+    it differs only when a planned disk checkpoint fails its checks and the prompt runs cold."""
+
+    def __init__(self, events: Iterator, usage: Usage):
+        self.events, self.usage = events, usage
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.events)
+
+    def close(self) -> None:
+        self.events.close()
 
 
 ChatEvent = Union[ThinkingDelta, ThinkingDone, TextDelta, ToolCallStart, ToolCallDelta,

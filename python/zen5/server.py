@@ -172,7 +172,11 @@ class Metrics:
 
 
 # ---- jobs and the worker ---------------------------------------------------------------------
-ACCEPTED = "accepted"     # the request passed the session's checks; its events follow
+@dataclass
+class Accepted:
+    """The request passed the session's checks; its events follow. `usage`: the counts its plan
+    predicts, before any prefill (None for jobs that are not chats)."""
+    usage: Usage | None = None
 
 
 @dataclass
@@ -289,7 +293,7 @@ class Worker:
             log.exception("%s: could not start", job.request_id)
             job.put(ApiError(500, f"internal error: {type(e).__name__}: {e}"))
         else:
-            job.put(ACCEPTED)
+            job.put(Accepted(getattr(events, "usage", None)))
             return events
         job.put(Done(job.new_reply()))
         return None
@@ -485,12 +489,13 @@ class ZenServer:
         try:
             turn = adapter.parse(await self._json(request), self.ctx)
             job = self._submit(turn.start, getattr(adapter, "new_reply", Reply), rid, api, style)
-            if await self._next(job, request, lambda i: i == ACCEPTED) is None:
+            accepted = await self._next(job, request, lambda i: isinstance(i, Accepted))
+            if accepted is None:
                 return self._gone(api)
             if turn.stream:
                 self.metrics.request(api, 200)
-                return StreamingResponse(self._sse(job, turn, adapter), media_type="text/event-stream",
-                                         headers={**self._headers(rid), "cache-control": "no-cache",
+                return StreamingResponse(self._sse(job, turn, adapter, accepted.usage),
+                                         media_type="text/event-stream", headers={**self._headers(rid), "cache-control": "no-cache",
                                                   "x-accel-buffering": "no"})
             done = await self._next(job, request, lambda i: isinstance(i, Done))
         except ApiError as e:
@@ -507,10 +512,10 @@ class ZenServer:
         self.metrics.request(api, 200)
         return JSONResponse(adapter.body(turn, done.reply, self.ctx), headers=self._headers(rid))
 
-    async def _sse(self, job: Job, turn, adapter):
+    async def _sse(self, job: Job, turn, adapter, planned: Usage | None):
         stream = adapter.Stream(turn, self.ctx)
         try:
-            head = stream.start()
+            head = stream.start(planned)
             if head:
                 yield head
             while True:
@@ -521,7 +526,7 @@ class ZenServer:
                     return
                 elif isinstance(item, ApiError):
                     yield stream.error(item)
-                elif item != ACCEPTED:
+                elif not isinstance(item, Accepted):
                     if isinstance(item, Finish):
                         # before the client sees the end: its next request may name this reply
                         adapter.remember(turn, job.reply, self.ctx)

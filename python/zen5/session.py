@@ -44,7 +44,7 @@ import numpy as np
 from zen5 import _native
 from zen5.checkpoints import CheckpointStore, Entry
 from zen5.constraints import ConstraintError, TokenConstraint, build_grammar, demand_of
-from zen5.chat_types import (ChatError, ChatEvent, ChatRequest, Finish, Message,
+from zen5.chat_types import (ChatError, ChatEvent, ChatRequest, Finish, Message, Planned,
                              RedactedThinkingBlock, TextBlock, TextDelta, ThinkingBlock,
                              ThinkingDelta, ThinkingDone, ToolCallDelta, ToolCallDone,
                              ToolCallStart, ToolResultBlock, ToolUseBlock, Usage)
@@ -89,6 +89,12 @@ class _Plan:
     segments: list[d.Segment] | None = None   # disk rung: the prompt, to re-plan if it fails
 
 
+def _usage(plan: _Plan, completion_tokens: int, **seconds) -> Usage:
+    return Usage(prompt_tokens=plan.keep + len(plan.new_tokens), completion_tokens=completion_tokens,
+                 reused_tokens=plan.keep, prefilled_tokens=len(plan.new_tokens), cache_source=plan.source,
+                 **seconds)
+
+
 def prompt_response_format(request: ChatRequest) -> dict | None:
     """The response format as a prompt states it (OpenAI Chat form, which DeepSeek V4 renders in
     its system message; ChatML has no place for it): None for free text."""
@@ -119,15 +125,15 @@ class ChatSession:
             checkpoints.attach(engine.native.fingerprint)
 
     # ---- public -----------------------------------------------------------------------------
-    def chat(self, request: ChatRequest) -> Iterator[ChatEvent]:
+    def chat(self, request: ChatRequest) -> Planned:
         """Serve one request: validate and plan (errors raise ChatError before any event), then
-        stream events; the last one is Finish."""
+        stream events; the last one is Finish. The result also carries the planned usage."""
         thinking_mode = self._thinking_mode(request)
         constraint = self._constraint(request, thinking_mode)
         self._load_disk_tools(request)
         messages, diagnostics = self._dialect_messages(request, thinking_mode)
         plan = self._plan(request, messages, thinking_mode)
-        return self._run(request, plan, thinking_mode, diagnostics, constraint)
+        return Planned(self._run(request, plan, thinking_mode, diagnostics, constraint), _usage(plan, 0))
 
     @property
     def live_tool_ids(self) -> tuple[str, ...]:
@@ -351,9 +357,7 @@ class ChatSession:
         self._live = _Live(plan.text + tok.decode(gen.evaluated), eng.state_id,
                            tuple(c[0] for c in calls) if gen.reason == "tool_calls" else (),
                            thinking_mode)
-        usage = Usage(prompt_tokens=plan.keep + len(plan.new_tokens), completion_tokens=gen.n_sampled,
-                      reused_tokens=plan.keep, prefilled_tokens=len(plan.new_tokens),
-                      cache_source=plan.source, prefill_seconds=t1 - t0, decode_seconds=t2 - t1)
+        usage = _usage(plan, gen.n_sampled, prefill_seconds=t1 - t0, decode_seconds=t2 - t1)
         yield Finish(gen.reason, usage, tuple(diagnostics + gen.diagnostics), gen.stop_sequence)
 
     # ---- disk checkpoints -------------------------------------------------------------------

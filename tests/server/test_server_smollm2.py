@@ -46,6 +46,27 @@ def test_anthropic_sdk_messages(smollm2_server):
     assert count.input_tokens == msg.usage.input_tokens + msg.usage.cache_read_input_tokens
 
 
+def test_anthropic_message_start_reports_the_input_counts(smollm2_server):
+    """message_start is sent before the prefill, yet carries the prompt's counts (the plan's):
+    tokens to prefill as input_tokens, tokens kept from the cache as cache_read_input_tokens,
+    the same as the end of the stream reports; a repeated prompt reads all but one from cache."""
+    client = anthropic_client(smollm2_server)
+    prompt = [{"role": "user", "content": "Name three rivers in Europe."}]
+    total = client.messages.count_tokens(model="zen5-local", messages=prompt).input_tokens
+    seen = []
+    for _ in range(2):
+        with client.messages.stream(model="zen5-local", max_tokens=3, messages=prompt) as s:
+            events = list(s)
+        start = events[0]
+        assert start.type == "message_start"
+        end = [e for e in events if e.type == "message_delta"][-1].usage
+        planned = start.message.usage
+        assert (planned.input_tokens, planned.cache_read_input_tokens) == (end.input_tokens, end.cache_read_input_tokens)
+        assert planned.input_tokens + planned.cache_read_input_tokens == total and planned.output_tokens == 0
+        seen.append(planned.cache_read_input_tokens)
+    assert seen[1] == total - 1
+
+
 def test_anthropic_stop_sequences_report_which_one_stopped(smollm2_server):
     """A reply ended by one of the request's stop_sequences says so: stop_reason
     "stop_sequence" and the string, in the body and in the stream's message_delta; the text ends

@@ -25,7 +25,7 @@ from zen5.api.fields import (at, get_bool, get_int, get_list, get_num, get_obj, 
                              obj, one_of, output_format, text_parts)
 from zen5.chat_types import (ChatRequest, Finish, Message, RedactedThinkingBlock, TextBlock,
                              TextDelta, ThinkingBlock, ThinkingDelta, ThinkingDone, ToolCallDelta,
-                             ToolCallDone, ToolCallStart, ToolResultBlock, ToolSpec, ToolUseBlock)
+                             ToolCallDone, ToolCallStart, ToolResultBlock, ToolSpec, ToolUseBlock, Usage)
 
 STYLE = "anthropic"
 _BILLING_HEADER = "x-anthropic-billing-header:"
@@ -216,8 +216,8 @@ def _thinking(t: dict) -> tuple[bool | None, bool, int | None]:
 
 
 # ---- response --------------------------------------------------------------------------------
-def usage(finish: Finish | None) -> dict:
-    u = finish.usage if finish else None
+def usage(source: Finish | Usage | None) -> dict:
+    u = source.usage if isinstance(source, Finish) else source
     return {"input_tokens": u.prefilled_tokens if u else 0,
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": u.reused_tokens if u else 0,
@@ -266,9 +266,11 @@ class Stream:
         self.index = -1
         self.open: str | None = None          # "text" | "thinking" | "tool_use"
 
-    def start(self) -> str:
+    def start(self, planned: Usage | None = None) -> str:
+        """message_start, sent before the prefill: its input counts are the plan's (the API
+        sends them here; message_delta repeats the measured ones, cumulative)."""
         msg = {"id": self.turn.id, "type": "message", "role": "assistant", "model": self.turn.model,
-               "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage(None)}
+               "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage(planned)}
         return sse({"type": "message_start", "message": msg}, "message_start")
 
     def keepalive(self) -> str:

@@ -223,7 +223,7 @@ class Stream:
                     "model": self.turn.model,
                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
 
-    def start(self) -> str:
+    def start(self, planned=None) -> str:
         return self._chunk({"role": "assistant", "content": ""})
 
     def keepalive(self) -> str:

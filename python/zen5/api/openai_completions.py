@@ -166,7 +166,7 @@ class Stream:
         return sse({"id": self.turn.id, "object": "text_completion", "created": self.turn.created,
                     "model": self.turn.model, "choices": [choice]})
 
-    def start(self) -> str:
+    def start(self, planned=None) -> str:
         lead = _echo(self.turn)
         self.offset = len(lead)
         return self._chunk(lead, None, None) if lead else ""

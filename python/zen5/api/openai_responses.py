@@ -280,7 +280,7 @@ class Stream:
         self.seq += 1
         return sse({"type": kind, "sequence_number": self.seq, **data}, kind)
 
-    def start(self) -> str:
+    def start(self, planned=None) -> str:
         snap = _response(self.turn, [], None, "in_progress")
         return self._ev("response.created", response=snap) + self._ev("response.in_progress", response=snap)
 
