@@ -89,9 +89,27 @@ def render(results: Path) -> str:
                     f"tokens of context {_fmt(float(b['gen_tps']))} tok/s, "
                     f"{100 * float(b['gen_tps']) / float(a['gen_tps']):.0f}% of decode at {a['ctx_tokens']} "
                     f"({_fmt(float(a['gen_tps']))} tok/s); prefill of the interval ending at {b['ctx_tokens']} "
-                    f"{_fmt(float(b['prefill_tps']))} tok/s vs {_fmt(float(a['prefill_tps']))} at {a['ctx_tokens']}.",
+                    f"{_fmt(float(b['prefill_tps']))} tok/s vs {_fmt(float(a['prefill_tps']))} at {a['ctx_tokens']}."
+                    + _frontier_bound(b, float(a["gen_tps"]), by.get(("zen5", "Q4_1", "2", "tg128")),
+                                      next((r for r in roofs if r["threads"] == "2"), None)),
                 "", f"![frontier](bench/results/{fr_path.with_suffix('.png').name})"]
     return "\n".join(out)
+
+
+def _frontier_bound(last: dict, decode_first: float, tg: dict | None, roof: dict | None) -> str:
+    """What memory allows at the last frontier: a decoded token reads the weights (bytes per
+    token from the run's tg128 row: achieved GB/s / tok/s) and every cached K/V byte, together
+    more than the LLC share, so the 2-thread DRAM read roof of the same run bounds decode (the
+    walk runs at 2 threads: harness.Config.frontier_threads)."""
+    if tg is None or roof is None or tg["unit"] != "GB/s":
+        return ""
+    weights, kv = float(tg["achieved"]) * 1e9 / float(tg["tps_median"]), float(last["kv_bytes"])
+    dram = float(roof["read_dram_gbps"]) * 1e9
+    cap, gen = dram / (weights + kv), float(last["gen_tps"])
+    return (f" At {last['ctx_tokens']} a decoded token reads {weights / 1e6:.1f} MB of weights and {kv / 1e6:.0f} MB "
+            f"of K/V: the run's DRAM read roof ({dram / 1e9:.1f} GB/s, 2 threads) bounds decode there at "
+            f"{_fmt(cap)} tok/s ({100 * cap / decode_first:.0f}% of decode at the first frontier), and zen5 "
+            f"reaches {100 * gen / cap:.0f}% of that bound.")
 
 
 def update_readme(results: Path | None = None, readme: Path | None = None) -> Path:

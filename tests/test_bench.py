@@ -84,6 +84,9 @@ def _fake_results(d: Path, run_id: str, zen_tps: float) -> None:
                                ("torch-bf16", "Q4_1", 400.0), ("zen5", "Q8_0", zen_tps / 2)):
         rows.append(dict(base, engine=engine, quant=quant, threads=2, test="pp512", tps_median=tps,
                          frac_peak=0.25 if engine == "zen5" else 0.05))
+    # decode streams 100 MB of weights per token: 30 GB/s at 300 tok/s
+    rows.append(dict(base, engine="zen5", quant="Q4_1", threads=2, test="tg128", n_tokens=128, tps_median=300.0,
+                     achieved=30.0, unit="GB/s", frac_peak=0.5))
     harness.append_csv(d / "Test_CPU-bench.csv", harness.COLUMNS, rows)
     harness.append_csv(d / "Test_CPU-roofline.csv",
                        ("run_id", "threads", "read_llc_gbps", "read_dram_gbps", "vnni_int8_gops", "fma_fp32_gflops"),
@@ -95,7 +98,7 @@ def test_report_renders_latest_full_run_between_markers(tmp_path):
     _fake_results(tmp_path, "2026-01-01T00:00:00", 200.0)
     _fake_results(tmp_path, "2026-01-02T00:00:00", 300.0)  # the latest run wins
     with (tmp_path / "Test_CPU-frontier.csv").open("w") as fh:
-        fh.write(",".join(FRONTIER_COLUMNS) + "\n512,512,900.0,32,250.0,1\n8192,512,600.0,32,200.0,16\n")
+        fh.write(",".join(FRONTIER_COLUMNS) + "\n512,512,900.0,32,250.0,1\n8192,512,600.0,32,80.0,234000000\n")
     readme = tmp_path / "README.md"
     readme.write_text("# x\n\n## Performance\n<!-- bench:start -->\nSTALE TABLE\n<!-- bench:end -->\n\n## Next\nkeep\n")
     report.update_readme(tmp_path, readme)
@@ -103,7 +106,9 @@ def test_report_renders_latest_full_run_between_markers(tmp_path):
     assert "STALE TABLE" not in text and text.startswith("# x\n\n## Performance\n") and text.endswith("## Next\nkeep\n")
     assert "| Q4_1 | 2 | pp512 | 300 | 100 (3.00x) | **400 (0.75x)** | 25% |" in text  # the row's fastest in bold
     assert "| Q8_0 | 2 | pp512 | 150 | - | **400 (0.38x)** | 25% |" in text  # torch rows serve every quant
-    assert "2026-01-02T00:00:00" in text and "80% of decode at 512" in text
+    assert "2026-01-02T00:00:00" in text and "32% of decode at 512" in text
+    # 100 MB of weights + 234 MB of K/V per token at the 33.4 GB/s DRAM roof: 100 tok/s
+    assert "bounds decode there at 100 tok/s (40% of decode at the first frontier), and zen5 reaches 80%" in text
     assert "int8 VNNI 1,769 GOP/s" in text
     report.update_readme(tmp_path, readme)
     assert readme.read_text() == text  # idempotent
