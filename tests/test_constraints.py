@@ -349,7 +349,7 @@ def test_none_never_calls(smol):
 def test_parallel_calls_validate_and_parallel_false_gives_one(smol):
     for parallel in (True, False):
         ev, fin = chat(smol, "Weather in Lisbon, Oslo and Cairo?", tools=TOOLS[:1],
-                       tool_choice="required", parallel_tool_calls=parallel, max_tokens=120)
+                       tool_choice="required", parallel_tool_calls=parallel, max_tokens=JSON_MAX)
         calls = calls_of(ev)
         assert calls and (parallel or (len(calls) == 1 and fin.reason == "tool_calls"))
         for c in calls:

@@ -59,7 +59,8 @@ def test_signatures(tmp_path):
     sig = s.sign("I think therefore I am.")
     assert s.verify("I think therefore I am.", sig)
     assert not s.verify("I think therefore I am!", sig)          # altered text
-    assert not s.verify("I think therefore I am.", sig[:-2] + "AA")
+    forged = sig[:-2] + ("AA" if sig[-2:] != "AA" else "BA")  # 1 random key in 1,024 signs to "...AA"
+    assert forged != sig and not s.verify("I think therefore I am.", forged)
     assert not s.verify("I think therefore I am.", None)
     assert not ThinkingSigner(secret, "model-b").verify("I think therefore I am.", sig)   # foreign model
     assert not ThinkingSigner(os.urandom(32), "model-a").verify("I think therefore I am.", sig)  # other install

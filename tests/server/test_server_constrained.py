@@ -139,6 +139,7 @@ LINE: /[ -~]{1,30}/
 PATCH_TOOL = {"type": "custom", "name": "apply_patch", "description": "Apply a patch to the files",
               "format": {"type": "grammar", "syntax": "lark", "definition": PATCH_GRAMMAR}}
 WORDS = r"[a-z]{1,8}( [a-z]{1,8}){0,3}"
+WORDS_MAX = 110  # the call's longest text (35 characters in its wrapper) is 103 bytes; a token adds >= 1
 WORDS_TOOL = {"type": "custom", "name": "say", "description": "Say a few words",
               "format": {"type": "grammar", "syntax": "regex", "definition": WORDS}}
 SHELL_TOOL = {"type": "function", "name": "shell", "description": "Run a command", "strict": True,
@@ -397,7 +398,7 @@ def test_custom_tool_calls_follow_their_grammar(smollm2_server):
     for i in range(4):  # a regex custom tool beside a function tool, forced by name
         r = client.responses.create(model="m", input="Say something nice.", tools=[SHELL_TOOL, WORDS_TOOL],
                                     tool_choice={"type": "custom", "name": "say"}, parallel_tool_calls=False,
-                                    temperature=HOT, max_output_tokens=60)
+                                    temperature=HOT, max_output_tokens=WORDS_MAX)
         (item,) = [o for o in r.output if o.type == "custom_tool_call"]
         assert re.fullmatch(WORDS, item.input), item.input
     # format {"type": "text"}: free-form input, still a custom_tool_call
@@ -500,7 +501,7 @@ def test_chat_custom_tool_calls_follow_their_grammar(smollm2_server):
     r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Say something nice."}],
                                        tools=[shell, CHAT_WORDS_TOOL], tool_choice={"type": "custom", "custom": {
                                            "name": "say"}}, parallel_tool_calls=False, temperature=HOT, seed=9,
-                                       max_tokens=60)
+                                       max_tokens=WORDS_MAX)
     (call,) = r.choices[0].message.tool_calls
     assert call.type == "custom" and re.fullmatch(WORDS, call.custom.input), call
 
