@@ -42,7 +42,7 @@ def report(name, a, b):
 @pytest.mark.parametrize("kind", list(TYPES))
 @pytest.mark.parametrize("n_tok", [1, 3, 8, 13])
 def test_matmul_matches_reference(kind, n_tok):
-    rng = np.random.default_rng(hash((kind, n_tok)) % 2**32)
+    rng = np.random.default_rng([n_tok, *kind.encode()])  # the same draw every run (hash() of a str is salted)
     rows = 37
     cols = 96 if kind in BLOCK_BYTES else 83  # float types: a ragged tail of 3
     w = random_weights(kind, rows, cols, rng)
