@@ -133,6 +133,7 @@ class ChatRequest:
     thinking_budget: int | None = None        # max reasoning tokens (Anthropic budget_tokens)
     redact_thinking: bool = False             # return thinking as an encrypted blob
     id_prefix: str = "call_"                  # "toolu_" for Anthropic, "call_" for OpenAI
+    logprobs: int | None = None               # report each sampled token's logprob, with this many alternatives
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -141,6 +142,8 @@ class ChatRequest:
             raise ValueError(f"id_prefix must be call_ or toolu_, got {self.id_prefix!r}")
         if self.thinking_budget is not None and self.thinking_budget < 0:
             raise ValueError(f"thinking_budget must be >= 0, got {self.thinking_budget}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError(f"top_logprobs must be in [0, 20], got {self.logprobs}")
 
 
 # ---- events --------------------------------------------------------------------------------
@@ -197,6 +200,18 @@ class ToolCallDone:
 
 
 @dataclass(frozen=True)
+class SampledToken:
+    """One sampled token's text and log-probability under the model's own distribution (the
+    raw logits: neither temperature nor a constraint's mask applies), with its most likely
+    alternatives, best first; sent before the text it adds, only when the request asks for
+    logprobs. Every sampled token but the end-of-sequence one is reported, tool-call and
+    thinking tokens too: the stream has one entry per token the model produced."""
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
@@ -234,7 +249,7 @@ class Planned:
 
 
 ChatEvent = Union[ThinkingDelta, ThinkingDone, TextDelta, ToolCallStart, ToolCallDelta,
-                  ToolCallDone, Finish]
+                  ToolCallDone, SampledToken, Finish]
 
 
 class ChatError(Exception):

@@ -79,11 +79,15 @@ class Sampler:
         return int(ids[self.rng.choice(len(ids), p=probs)])
 
     def logprob(self, logits: np.ndarray, token_id: int) -> TokenLogprob:
-        lp = log_softmax(logits)
-        n = self.params.logprobs
-        top = np.argpartition(-lp, n - 1)[:n] if n else np.array([], dtype=np.int64)
-        top = top[np.argsort(-lp[top], kind="stable")]
-        return TokenLogprob(token_id, float(lp[token_id]), tuple((int(i), float(lp[i])) for i in top))
+        return token_logprob(logits, token_id, self.params.logprobs)
+
+
+def token_logprob(logits: np.ndarray, token_id: int, n: int) -> TokenLogprob:
+    """The model's log-probability of `token_id` and its `n` most likely tokens, best first."""
+    lp = log_softmax(logits)
+    top = np.argpartition(-lp, n - 1)[:n] if n else np.array([], dtype=np.int64)
+    top = top[np.argsort(-lp[top], kind="stable")]
+    return TokenLogprob(token_id, float(lp[token_id]), tuple((int(i), float(lp[i])) for i in top))
 
 
 # ---- stop strings (shared by every generation loop) ----------------------------------------

@@ -45,7 +45,7 @@ from zen5 import _native
 from zen5.checkpoints import CheckpointStore, Entry
 from zen5.constraints import ConstraintError, TokenConstraint, build_grammar, demand_of
 from zen5.chat_types import (ChatError, ChatEvent, ChatRequest, Finish, Message, Planned,
-                             RedactedThinkingBlock, TextBlock, TextDelta, ThinkingBlock,
+                             RedactedThinkingBlock, SampledToken, TextBlock, TextDelta, ThinkingBlock,
                              ThinkingDelta, ThinkingDone, ToolCallDelta, ToolCallDone,
                              ToolCallStart, ToolResultBlock, ToolUseBlock, Usage)
 from zen5.dialects import detect_dialect, get_dialect
@@ -53,7 +53,7 @@ from zen5.dialects import base as d
 from zen5.dialects.chatml import CALL_OPEN as _CHATML_CALL_OPEN
 from zen5.dialects.deepseek_v4 import TOOL_TAG as _DSML_TOOL_TAG
 from zen5.engine import Engine
-from zen5.sampling import Sampler, first_stop, partial_stop_len
+from zen5.sampling import Sampler, first_stop, partial_stop_len, token_logprob
 from zen5.signatures import ThinkingSigner, load_or_create_secret
 from zen5.tokenizer import StreamDecoder
 from zen5.tool_memory import ToolMemory, ToolRecord, new_tool_id
@@ -488,11 +488,14 @@ class _Generation:
         stops = tuple(req.stop)
         pending = ""  # decoded text held back: it may be the start of a stop string
         for _ in range(req.max_tokens):
-            tok = self._sample(self._masked(eng.ctx.logits()))
+            logits = eng.ctx.logits()
+            tok = self._sample(self._masked(logits))
             self.n_sampled += 1
             if tok in eos:
                 self.reason = "stop"
                 break
+            if req.logprobs is not None:
+                yield self._sampled_token(logits, tok)
             if eng.n_tokens >= eng.n_ctx:
                 break  # context full: finish "length"
             self._advance(tok)  # the next mask is computed while the engine evaluates tok
@@ -516,6 +519,10 @@ class _Generation:
         yield from self._close_thinking()
         if self.finished_calls() and self.reason == "stop":
             self.reason, self.stop_sequence = "tool_calls", None
+
+    def _sampled_token(self, logits: np.ndarray, tok: int) -> SampledToken:
+        lp, decode = token_logprob(logits, tok, self.req.logprobs), self.s.engine.tokenizer.decode
+        return SampledToken(decode([tok]), lp.logprob, tuple((decode([i]), v) for i, v in lp.top))
 
     def _masked(self, logits: np.ndarray) -> np.ndarray:
         return logits if self.constraint is None else self.constraint.mask(logits)

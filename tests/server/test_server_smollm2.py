@@ -4,6 +4,7 @@ streaming; errors that need the model (over-long prompts, unknown tool IDs, bad 
 overload, disconnect and clean shutdown of a real process."""
 from __future__ import annotations
 
+import math
 import re
 import threading
 import time
@@ -86,6 +87,31 @@ def test_anthropic_stop_sequences_report_which_one_stopped(smollm2_server):
     # without stop sequences the field stays null
     plain = client.messages.create(model="zen5-local", max_tokens=5, messages=[{"role": "user", "content": QUESTION}])
     assert plain.stop_sequence is None and plain.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_openai_chat_logprobs(smollm2_server):
+    """`logprobs` / `top_logprobs` on chat: one entry per sampled token (the end-of-sequence one
+    aside) whose tokens spell the content; greedy picks the top alternative; the stream carries
+    the same entries on its chunks; asking for alternatives without logprobs is a 400."""
+    client = openai_client(smollm2_server)
+    kw = dict(model="m", messages=[{"role": "user", "content": QUESTION}], max_tokens=12, temperature=0)
+    r = client.chat.completions.create(logprobs=True, top_logprobs=3, **kw)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens - (r.choices[0].finish_reason == "stop")
+    assert "".join(e.token for e in content) == r.choices[0].message.content
+    for e in content:
+        tops = [t.logprob for t in e.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True) and 0 >= tops[0] >= e.logprob
+        assert e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob   # greedy
+        assert bytes(e.bytes) == e.token.encode() and sum(math.exp(t) for t in tops) <= 1 + 1e-6
+    chunks = list(client.chat.completions.create(logprobs=True, top_logprobs=3, stream=True, **kw))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-5)
+    assert client.chat.completions.create(**kw).choices[0].logprobs is None
+    for bad in (dict(top_logprobs=2), dict(logprobs=True, top_logprobs=21)):
+        with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+            client.chat.completions.create(**bad, **kw)
 
 
 def test_openai_sdk_chat_completions_responses(smollm2_server):

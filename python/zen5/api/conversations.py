@@ -18,7 +18,7 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from zen5.chat_types import (Finish, Message, RedactedThinkingBlock, TextBlock, TextDelta,
+from zen5.chat_types import (Finish, Message, RedactedThinkingBlock, SampledToken, TextBlock, TextDelta,
                              ThinkingBlock, ThinkingDone, ToolCallDelta, ToolCallDone,
                              ToolCallStart, ToolSpec, ToolUseBlock)
 
@@ -31,6 +31,7 @@ class Reply:
         self.parts: list = []
         self.finish: Finish | None = None
         self.open_calls: dict[str, list] = {}      # id -> [name, arguments so far] (not yet done)
+        self.sampled: list[SampledToken] = []      # when the request asked for logprobs
 
     def add(self, ev) -> None:
         if isinstance(ev, TextDelta):
@@ -46,6 +47,8 @@ class Reply:
             self.open_calls[ev.id] = [ev.name, ""]
         elif isinstance(ev, ToolCallDelta) and ev.id in self.open_calls:
             self.open_calls[ev.id][1] += ev.fragment
+        elif isinstance(ev, SampledToken):
+            self.sampled.append(ev)
         elif isinstance(ev, Finish):
             self.finish = ev
 

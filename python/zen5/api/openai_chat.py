@@ -31,7 +31,7 @@ from zen5.api.errors import ApiError, bad_request, openai_body
 from zen5.api.fields import (arguments_text, at, get_bool, get_int, get_list, get_num, get_obj,
                              get_stop, get_str, obj, one_of, output_format, text_parts)
 from zen5.api.openai_responses import _InputStream
-from zen5.chat_types import (ChatRequest, Finish, Message, TextBlock, TextDelta, ThinkingBlock,
+from zen5.chat_types import (ChatRequest, Finish, Message, SampledToken, TextBlock, TextDelta, ThinkingBlock,
                              ThinkingDelta, ToolCallDelta, ToolCallDone, ToolCallStart,
                              ToolResultBlock, ToolSpec, ToolUseBlock)
 
@@ -65,6 +65,12 @@ def parse(body: dict, ctx: ApiContext) -> Turn:
     if max_tokens is None:
         max_tokens = get_int(body, "max_tokens", minimum=1)
     effort = get_str(body, "reasoning_effort")
+    top_logprobs = get_int(body, "top_logprobs", minimum=0)
+    if top_logprobs is not None and top_logprobs > 20:
+        raise bad_request("top_logprobs: at most 20", param="top_logprobs")
+    logprobs = get_bool(body, "logprobs")
+    if top_logprobs and not logprobs:
+        raise bad_request("top_logprobs: requires logprobs: true", param="top_logprobs")
     thinking = {"enabled": True, "disabled": False}.get(get_obj(body, "thinking").get("type"))
     if effort == "none":
         thinking = False
@@ -76,7 +82,8 @@ def parse(body: dict, ctx: ApiContext) -> Turn:
             sampling=sampling(get_num(body, "temperature", low=0, high=2), get_num(body, "top_p", low=0, high=1),
                               None, get_int(body, "seed")),
             max_tokens=ctx.max_tokens(max_tokens), stop=get_stop(body, "stop"),
-            thinking=thinking, reasoning_effort=_EFFORT.get(effort or ""), id_prefix="call_")
+            thinking=thinking, reasoning_effort=_EFFORT.get(effort or ""), id_prefix="call_",
+            logprobs=(top_logprobs or 0) if logprobs else None)
     except ValueError as e:
         raise bad_request(str(e)) from None
     include_usage = get_bool(get_obj(body, "stream_options"), "include_usage", "stream_options")
@@ -197,9 +204,20 @@ def body(turn: Turn, reply: Reply, ctx: ApiContext) -> dict:
         msg["reasoning_content"] = "".join(t.text for t in reply.thinking)
     if reply.tool_calls:
         msg["tool_calls"] = [_call(c) for c in reply.tool_calls]
-    choice = {"index": 0, "message": msg, "finish_reason": reply.finish.reason, "logprobs": None}
+    choice = {"index": 0, "message": msg, "finish_reason": reply.finish.reason,
+              "logprobs": _logprobs(turn, reply.sampled)}
     return {"id": turn.id, "object": "chat.completion", "created": turn.created, "model": turn.model,
             "choices": [choice], "usage": usage(reply.finish)}
+
+
+def _logprobs(turn: Turn, sampled: list[SampledToken]) -> dict | None:
+    """OpenAI's `logprobs` of a choice: one `content` entry per sampled token (None when the
+    request did not ask)."""
+    if turn.request.logprobs is None:
+        return None
+    entry = lambda token, lp: {"token": token, "logprob": lp, "bytes": list(token.encode())}  # noqa: E731
+    return {"content": [{**entry(t.token, t.logprob), "top_logprobs": [entry(s, v) for s, v in t.top]}
+                        for t in sampled], "refusal": None}
 
 
 def _call(c: ToolCallDone) -> dict:
@@ -217,11 +235,14 @@ class Stream:
     def __init__(self, turn: Turn, ctx: ApiContext):
         self.turn = turn
         self.custom: dict[str, list] = {}       # open custom call id -> [input decoder, input sent]
+        self.sampled: list[SampledToken] = []   # tokens not yet reported: the next chunk carries them
 
     def _chunk(self, delta: dict, finish: str | None = None) -> str:
+        logprobs = _logprobs(self.turn, self.sampled) if self.sampled else None
+        self.sampled = []
         return sse({"id": self.turn.id, "object": "chat.completion.chunk", "created": self.turn.created,
                     "model": self.turn.model,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]})
 
     def start(self, planned=None) -> str:
         return self._chunk({"role": "assistant", "content": ""})
@@ -233,6 +254,9 @@ class Stream:
         return sse(openai_body(err))
 
     def event(self, ev) -> str:
+        if isinstance(ev, SampledToken):
+            self.sampled.append(ev)
+            return ""
         if isinstance(ev, ThinkingDelta):
             return self._chunk({"reasoning_content": ev.text})
         if isinstance(ev, TextDelta):

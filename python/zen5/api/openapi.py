@@ -103,7 +103,8 @@ _CHAT = {"type": "object", "required": ["model", "messages"], "properties": {
                                                         "properties": _SCHEMA_FIELDS}}},
     "max_tokens": _INT1, "max_completion_tokens": _INT1, "n": {"type": "integer", "minimum": 1, "maximum": 1},
     "seed": {"type": "integer"}, "stop": {"anyOf": [_STR, {"type": "array", "items": _STR}]},
-    "reasoning_effort": _STR, **_OPENAI_SAMPLING}}
+    "reasoning_effort": _STR, "logprobs": _BOOL, "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+    **_OPENAI_SAMPLING}}
 
 _COMPLETIONS = {"type": "object", "required": ["model", "prompt"], "properties": {
     "model": _STR, "prompt": {"anyOf": [_STR, {"type": "array", "items": {"type": "integer", "minimum": 0},
