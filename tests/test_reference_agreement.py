@@ -121,3 +121,31 @@ def test_dsml_tiny_matches_reference():
     ours = eng.ctx.eval(toks, all_logits=True)
     with torch.no_grad():
         assert np.abs(ours - ref.forward(toks).numpy()).max() < TOL
+
+
+def test_chat_logprobs_match_reference(smollm2_path, smol_ref):
+    """The chat session's reported logprobs (ChatRequest.logprobs) are log-softmax of the model's
+    logits at the position that sampled each token: pinned to the reference's logits over the
+    prompt plus the sampled tokens (the f32 path's 2e-3 logit tolerance moves a logprob by at
+    most twice that)."""
+    from zen5.chat_types import ChatRequest, Message, SampledToken, TextDelta
+    from zen5.session import ChatSession
+
+    eng = Engine.load(smollm2_path, ctx=512, matmul="f32")
+    session = ChatSession(eng)
+    events = list(session.chat(ChatRequest((Message.text("user", "Name a colour."),), max_tokens=10, logprobs=4)))
+    sampled = [e for e in events if isinstance(e, SampledToken)]
+    assert "".join(e.token for e in sampled) == "".join(e.text for e in events if isinstance(e, TextDelta))
+    toks = list(eng.tokens)
+    n = len(sampled)
+    with torch.no_grad():
+        ref = torch.log_softmax(smol_ref.forward(toks).double(), dim=-1).numpy()
+    rows = ref[len(toks) - n - 1: len(toks) - 1]     # the positions that produced the sampled tokens
+    for tok_id, row, e in zip(toks[-n:], rows, sampled):
+        assert eng.tokenizer.decode([tok_id]) == e.token
+        assert abs(row[tok_id] - e.logprob) < 4e-3
+        # the sorted top values agree even where near-ties swap two tokens; the tokens are among
+        # the reference's best six
+        best = np.argsort(-row)
+        assert np.abs(row[best[:4]] - [v for _, v in e.top]).max() < 4e-3
+        assert {t for t, _ in e.top} <= {eng.tokenizer.decode([int(i)]) for i in best[:6]}
