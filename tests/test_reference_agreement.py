@@ -147,5 +147,5 @@ def test_chat_logprobs_match_reference(smollm2_path, smol_ref):
         # the sorted top values agree even where near-ties swap two tokens; the tokens are among
         # the reference's best six
         best = np.argsort(-row)
-        assert np.abs(row[best[:4]] - [v for _, v in e.top]).max() < 4e-3
-        assert {t for t, _ in e.top} <= {eng.tokenizer.decode([int(i)]) for i in best[:6]}
+        assert np.abs(row[best[:4]] - [v for _, _, v in e.top]).max() < 4e-3
+        assert {t for t, _, _ in e.top} <= {eng.tokenizer.decode([int(i)]) for i in best[:6]}

@@ -205,10 +205,12 @@ class SampledToken:
     raw logits: neither temperature nor a constraint's mask applies), with its most likely
     alternatives, best first; sent before the text it adds, only when the request asks for
     logprobs. Every sampled token but the end-of-sequence one is reported, tool-call and
-    thinking tokens too: the stream has one entry per token the model produced."""
+    thinking tokens too: the stream has one entry per token the model produced. `raw` is the
+    token's bytes (part of a UTF-8 character, where `token` shows U+FFFD)."""
     token: str
+    raw: bytes
     logprob: float
-    top: tuple[tuple[str, float], ...] = ()
+    top: tuple[tuple[str, bytes, float], ...] = ()   # (token, raw, logprob)
 
 
 @dataclass(frozen=True)

@@ -521,8 +521,9 @@ class _Generation:
             self.reason, self.stop_sequence = "tool_calls", None
 
     def _sampled_token(self, logits: np.ndarray, tok: int) -> SampledToken:
-        lp, decode = token_logprob(logits, tok, self.req.logprobs), self.s.engine.tokenizer.decode
-        return SampledToken(decode([tok]), lp.logprob, tuple((decode([i]), v) for i, v in lp.top))
+        lp, tk = token_logprob(logits, tok, self.req.logprobs), self.s.engine.tokenizer
+        return SampledToken(tk.decode([tok]), tk.token_bytes(tok), lp.logprob,
+                            tuple((tk.decode([i]), tk.token_bytes(i), v) for i, v in lp.top))
 
     def _masked(self, logits: np.ndarray) -> np.ndarray:
         return logits if self.constraint is None else self.constraint.mask(logits)

@@ -35,6 +35,20 @@ LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
+def _gpt2_byte_table() -> dict[str, int]:
+    """Byte-level BPE's alphabet: the printable character that stands for each byte (GPT-2's
+    bytes_to_unicode), inverted."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = dict(zip(keep, keep)), 0
+    for b in range(256):
+        if b not in chars:
+            chars[b], extra = 256 + extra, extra + 1
+    return {chr(c): b for b, c in chars.items()}
+
+
+_BYTE_OF = _gpt2_byte_table()
+
+
 def _byte_level(use_regex=True):
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=use_regex)
 
@@ -140,6 +154,18 @@ class Tokenizer:
 
     def decode(self, ids, skip_special: bool = False) -> str:
         return self._hf.decode(list(ids), skip_special_tokens=skip_special)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for: a byte-level token may hold part of a UTF-8 character
+        (decode() shows it as U+FFFD); an added token, or a vocabulary that is not byte-level,
+        gives its decoded text."""
+        piece = self._hf.id_to_token(token_id)
+        if piece is not None and piece not in self._added and isinstance(self._hf.decoder, decoders.ByteLevel):
+            try:
+                return bytes(_BYTE_OF[c] for c in piece)
+            except KeyError:
+                pass
+        return self.decode([token_id]).encode()
 
     def token_to_id(self, token: str) -> int | None:
         return self._hf.token_to_id(token)

@@ -104,6 +104,11 @@ def test_openai_chat_logprobs(smollm2_server):
         assert len(tops) == 3 and tops == sorted(tops, reverse=True) and 0 >= tops[0] >= e.logprob
         assert e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob   # greedy
         assert bytes(e.bytes) == e.token.encode() and sum(math.exp(t) for t in tops) <= 1 + 1e-6
+    # a token may be part of a UTF-8 character: its bytes are exact, and together they spell the text
+    r = client.chat.completions.create(**{**kw, "messages": [{"role": "user", "content": "Say 🚀 and 東京 three times."}],
+                                          "max_tokens": 24}, logprobs=True)
+    raw = b"".join(bytes(e.bytes) for e in r.choices[0].logprobs.content)
+    assert raw.decode(errors="replace") == r.choices[0].message.content
     chunks = list(client.chat.completions.create(logprobs=True, top_logprobs=3, stream=True, **kw))
     streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert [e.token for e in streamed] == [e.token for e in content]

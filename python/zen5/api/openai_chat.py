@@ -215,8 +215,8 @@ def _logprobs(turn: Turn, sampled: list[SampledToken]) -> dict | None:
     request did not ask)."""
     if turn.request.logprobs is None:
         return None
-    entry = lambda token, lp: {"token": token, "logprob": lp, "bytes": list(token.encode())}  # noqa: E731
-    return {"content": [{**entry(t.token, t.logprob), "top_logprobs": [entry(s, v) for s, v in t.top]}
+    entry = lambda token, raw, lp: {"token": token, "logprob": lp, "bytes": list(raw)}  # noqa: E731
+    return {"content": [{**entry(t.token, t.raw, t.logprob), "top_logprobs": [entry(*alt) for alt in t.top]}
                         for t in sampled], "refusal": None}
 
 
