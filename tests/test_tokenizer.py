@@ -71,6 +71,15 @@ def test_smollm2_round_trip_any_text(smol, text):
     assert smol.decode(smol.encode(text)) == text
 
 
+@settings(max_examples=100, deadline=None)
+@given(SMOL_TEXT)
+def test_token_bytes_spell_the_text(smol, text):
+    """Each token's own bytes (a piece of a UTF-8 character included) concatenate to the text;
+    special tokens give their text."""
+    ids = smol.encode(text + "<|im_end|>")
+    assert b"".join(smol.token_bytes(i) for i in ids) == (text + "<|im_end|>").encode()
+
+
 def test_skip_special(smol):
     ids = smol.encode("<|im_start|>hi<|im_end|>")
     assert smol.decode(ids, skip_special=True) == "hi"
