@@ -127,9 +127,13 @@ def _usage(reused=0, prefilled=10, completion=5, source="cold") -> Usage:
     return Usage(reused + prefilled, completion, reused, prefilled, source, 0.01, 0.01)
 
 
+LINE_BREAKS = "a\u2028b\u2029c\x85d\x1ce"   # str.splitlines() breaks at each of them
+
+
 class FakeSession:
     """Answers by the last user text: "tool" -> thinking, text and a get_weather call; "slow" ->
-    200 slow text deltas; "wait" -> a pause before the first event; "unknown-id" / "stale" ->
+    200 slow text deltas; "wait" -> a pause before the first event; "breaks" -> text with
+    Unicode line breaks; "unknown-id" / "stale" ->
     ChatError 400 / 409; "crash" -> an internal error after the first event. A request whose
     last message holds tool results answers "Sunny." as a live continuation."""
 
@@ -166,6 +170,8 @@ class FakeSession:
             return self._events([TextDelta("done")], "stop", delay=1.0)
         if "crash" in text:
             return self._crash()
+        if "breaks" in text:
+            return self._events([TextDelta(LINE_BREAKS)], "stop")
         return self._events([TextDelta("Hello"), TextDelta(" world")], "stop")
 
     def _events(self, events, reason, delay=0.0, reused=0, source="cold"):

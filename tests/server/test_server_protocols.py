@@ -46,6 +46,26 @@ RESPONSES = {"model": "any", "input": "tool please"}
 
 
 # ---- exact event sequences ------------------------------------------------------------------
+def test_unicode_line_breaks_never_split_an_event(fake):
+    """U+2028, U+2029 and U+0085 in generated text are escaped on the wire: a client that splits
+    lines with str.splitlines() (this helper, via requests) still reads every event whole."""
+    from serverlib import LINE_BREAKS
+    for path, body, text_of in (
+            ("/v1/chat/completions", CHAT, lambda d: d["choices"][0]["delta"].get("content") or ""),
+            ("/v1/messages", ANTHROPIC, lambda d: d.get("delta", {}).get("text", "")),
+            ("/v1/responses", RESPONSES, lambda d: d.get("delta", "") if d["type"] == "response.output_text.delta" else "")):
+        req = {**body, "stream": True, **({"messages": [{"role": "user", "content": "breaks"}]} if "messages" in body
+                                         else {"input": "breaks"})}
+        raw = requests.post(fake.url + path, json=req, timeout=30).content.decode()
+        assert not any(c in raw for c in "\u2028\u2029\x85\x1c")
+        events = stream(fake, path, req)
+        assert "".join(text_of(d) for _, d in events if isinstance(d, dict)) == LINE_BREAKS
+    chunks = openai.OpenAI(base_url=fake.url + "/v1", api_key="k").chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "breaks"}], stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == LINE_BREAKS
+
+
+
 def test_anthropic_stream_sequence(fake):
     events = [e for e in stream(fake, "/v1/messages", {**ANTHROPIC, "stream": True}) if e[0] != "ping"]
     names = [n for n, _ in events]

@@ -45,10 +45,16 @@ def new_id(prefix: str, nbytes: int = 12) -> str:
     return prefix + secrets.token_hex(nbytes)
 
 
+# Unicode line breaks that a client splitting with str.splitlines() (requests' iter_lines with
+# decode_unicode=True does) would cut a data line at; they only occur inside JSON strings, where
+# an escape is equivalent. (JSON already escapes the C0 separators \x1c-\x1e.)
+_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
 def sse(data: dict, event: str | None = None) -> str:
     """One server-sent event. Anthropic and Responses streams name each event; Chat Completions
-    streams send bare `data:` lines."""
-    line = "data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n\n"
+    streams send bare `data:` lines. Non-ASCII text is sent as is, except Unicode line breaks."""
+    line = "data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKS) + "\n\n"
     return f"event: {event}\n{line}" if event else line
 
 
