@@ -494,9 +494,9 @@ class ZenServer:
                 return self._gone(api)
             if turn.stream:
                 self.metrics.request(api, 200)
+                headers = {**self._headers(rid), "cache-control": "no-cache", "x-accel-buffering": "no"}
                 return StreamingResponse(self._sse(job, turn, adapter, accepted.usage),
-                                         media_type="text/event-stream", headers={**self._headers(rid), "cache-control": "no-cache",
-                                                  "x-accel-buffering": "no"})
+                                         media_type="text/event-stream", headers=headers)
             done = await self._next(job, request, lambda i: isinstance(i, Done))
         except ApiError as e:
             return self._error(style, e, rid, api)
