@@ -56,7 +56,7 @@ const Kernels& kernels_for(const std::string& isa) { return kernels_by_name(isa.
 template <typename T>
 std::vector<T> key_tiles(const T* k, int n, int kv_dim) {
     const int tiles = (n + kKeyTile - 1) / kKeyTile;
-    std::vector<T> out(size_t(tiles) * kv_dim * kKeyTile, sizeof(T) == 2 ? T(0x7E00) : T(NAN));
+    std::vector<T> out(size_t(tiles) * kv_dim * kKeyTile, sizeof(T) == 1 ? T(127) : sizeof(T) == 2 ? T(0x7E00) : T(NAN));
     copy_key_tiles(out.data(), const_cast<T*>(k), n, kv_dim, false);
     return out;
 }
@@ -158,6 +158,27 @@ void register_kernels(py::module_& m) {
         kernels_for(isa).attn_values_h(p.data(), n, nq, v.data(), v.shape(1), n, hd, out.mutable_data(), hd);
         return out;
     });
+    // The int8 cache's kernels: k / v (n, stride >= hd) int8 with one scale per position, ks / vs (n,).
+    using I8Array = py::array_t<int8_t, py::array::c_style>;
+    m.def("kernel_attn_scores_q8", [](const std::string& isa, F32Array q, I8Array k, F32Array ks, int hd, float scale) {
+        if (k.ndim() != 2 || k.shape(1) < hd || q.size() % hd || q.size() == 0 || ks.size() != k.shape(0))
+            throw ZenError("k must be (n, stride >= hd), ks (n,), q (nq, hd)");
+        const int n = int(k.shape(0)), nq = int(q.size() / hd);
+        py::array_t<float> out(q.ndim() == 1 ? std::vector<py::ssize_t>{n} : std::vector<py::ssize_t>{nq, n});
+        const std::vector<int8_t> tiles = key_tiles(k.data(), n, int(k.shape(1)));
+        kernels_for(isa).attn_scores_q8(q.data(), nq, tiles.data(), ks.data(), k.shape(1) * kKeyTile, n, hd, scale,
+                                        out.mutable_data(), n);
+        return out;
+    });
+    m.def("kernel_attn_values_q8", [](const std::string& isa, F32Array p, I8Array v, F32Array vs, int hd) {
+        const int n = int(v.shape(0)), nq = n ? int(p.size() / n) : 0;
+        if (v.ndim() != 2 || v.shape(1) < hd || n == 0 || p.size() != py::ssize_t(nq) * n || vs.size() != n)
+            throw ZenError("v must be (n, stride >= hd), vs (n,), p (nq, n)");
+        py::array_t<float> out(p.ndim() == 1 ? std::vector<py::ssize_t>{hd} : std::vector<py::ssize_t>{nq, hd});
+        std::fill(out.mutable_data(), out.mutable_data() + out.size(), 0.0f);
+        kernels_for(isa).attn_values_q8(p.data(), n, nq, v.data(), vs.data(), v.shape(1), n, hd, out.mutable_data(), hd);
+        return out;
+    });
     m.def("kernel_softmax", [](const std::string& isa, F32Array x) {
         py::array_t<float> out(x.size());
         std::memcpy(out.mutable_data(), x.data(), x.size() * 4);
@@ -228,14 +249,19 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("threads", [](const PyModel& p) { return p.model->pool.size(); });
 
     py::class_<Context>(m, "Context")
-        .def(py::init([](const PyModel& pm, int n_ctx, const std::string& isa, const std::string& matmul) {
+        // kv: "f32" | "f16" | "q8_0"; "" takes the matmul path's default (int8: f16, f32: f32)
+        .def(py::init([](const PyModel& pm, int n_ctx, const std::string& isa, const std::string& matmul,
+                         const std::string& kv) {
                  if (matmul != "int8" && matmul != "f32") throw ZenError("matmul must be int8 or f32, got " + matmul);
+                 const KvType t = !kv.empty() ? kv_type_from_name(kv) : matmul == "int8" ? KvType::F16 : KvType::F32;
                  return std::make_unique<Context>(pm.model, n_ctx, isa.empty() ? nullptr : &kernels_for(isa),
-                                                  matmul == "int8");
+                                                  matmul == "int8", t);
              }),
-             py::arg("model"), py::arg("n_ctx"), py::arg("isa") = "", py::arg("matmul") = "int8",
+             py::arg("model"), py::arg("n_ctx"), py::arg("isa") = "", py::arg("matmul") = "int8", py::arg("kv") = "",
              py::keep_alive<1, 2>())
         .def_property_readonly("isa", &Context::isa)
+        .def_property_readonly("kv_type", [](const Context& c) { return kv_type_name(c.kv_type()); })
+        .def_property_readonly("kv_bytes_per_token", &Context::kv_bytes_per_token)
         .def("eval", [](Context& c, const std::vector<int32_t>& tokens, bool all_logits) -> py::object {
                  const int n = int(tokens.size());
                  if (!all_logits) {

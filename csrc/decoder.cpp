@@ -17,7 +17,7 @@ constexpr uint32_t kSnapshotVersion = 1;
 #define ZEN5_VERSION "dev"
 #endif
 // Snapshots are only exchanged between builds with the same KV layout and version.
-const uint64_t kBuildId = hash_bytes(ZEN5_VERSION "/kv-3", sizeof(ZEN5_VERSION "/kv-3") - 1, 1);
+const uint64_t kBuildId = hash_bytes(ZEN5_VERSION "/kv-4", sizeof(ZEN5_VERSION "/kv-4") - 1, 1);
 
 struct SnapshotHeader {
     char magic[8];
@@ -27,19 +27,50 @@ struct SnapshotHeader {
     uint64_t model_fingerprint;
     uint32_t n_layer, kv_dim, vocab, n_past;
     uint32_t logits_valid;
-    uint32_t int8_matmul;  // the KV rows (fp16 with int8 matmuls, else fp32) depend on the path
+    uint32_t int8_matmul;  // the K/V values depend on the matmul path
+    uint32_t kv_type;      // KvType of the rows
 };
+
+// Quantizes hd values to int8 with one scale (max |x| / 127, round to nearest even): the
+// same code for every kernel table, so both ISAs cache the same bytes.
+float quantize_q8(const float* x, int hd, int8_t* q) {
+    float amax = 0.0f;
+    for (int i = 0; i < hd; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int i = 0; i < hd; ++i) {
+        // adding and removing 1.5 x 2^23 rounds to nearest even (|x id| <= 127 + rounding)
+        // without a libm call, so the loop vectorizes on the baseline ISA
+        const float r = (x[i] * id + 12582912.0f) - 12582912.0f;
+        q[i] = int8_t(std::min(127.0f, std::max(-127.0f, r)));
+    }
+    return d;
+}
 }  // namespace
 
-Context::Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* kernels, bool int8_matmul)
-    : model_(std::move(model)), k_(kernels ? *kernels : active_kernels()), n_ctx_(n_ctx), int8_(int8_matmul) {
+KvType kv_type_from_name(const std::string& name) {
+    if (name == "f32") return KvType::F32;
+    if (name == "f16") return KvType::F16;
+    if (name == "q8_0") return KvType::Q8_0;
+    throw ZenError("KV cache type must be f32, f16 or q8_0, got '" + name + "'");
+}
+
+const char* kv_type_name(KvType t) {
+    return t == KvType::F32 ? "f32" : t == KvType::F16 ? "f16" : "q8_0";
+}
+
+Context::Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* kernels, bool int8_matmul, KvType kv)
+    : model_(std::move(model)), k_(kernels ? *kernels : active_kernels()), n_ctx_(n_ctx), int8_(int8_matmul), kv_(kv) {
     const Config& c = model_->cfg;
     if (n_ctx <= 0) throw ZenError("n_ctx must be positive");
-    kv_elem_ = int8_ ? 2 : 4;
+    kv_elem_ = kv_ == KvType::F32 ? 4 : kv_ == KvType::F16 ? 2 : 1;
     n_rows_ = (n_ctx + kKeyTile - 1) / kKeyTile * kKeyTile;
-    const size_t kv = size_t(c.n_layer) * n_rows_ * c.kv_dim() * kv_elem_;
-    kcache_ = alloc_zeroed(kv);
-    vcache_ = alloc_zeroed(kv);
+    const size_t kv_size = size_t(c.n_layer) * n_rows_ * c.kv_dim() * kv_elem_;
+    kcache_ = alloc_zeroed(kv_size);
+    vcache_ = alloc_zeroed(kv_size);
+    if (kv_ == KvType::Q8_0) {
+        kscale_.assign(size_t(c.n_layer) * c.n_head_kv * n_rows_, 0.0f);
+        vscale_.assign(kscale_.size(), 0.0f);
+    }
     x_.resize(size_t(kChunk) * c.n_embd);
     xb_.resize(size_t(kChunk) * std::max(c.n_embd, c.q_dim()));
     q_.resize(size_t(kChunk) * c.q_dim());
@@ -178,13 +209,26 @@ void Context::apply_rope(float* v, int n_heads, const float* cs) const {
     }
 }
 
+size_t Context::kv_bytes_per_token() const {
+    const Config& c = model_->cfg;
+    return size_t(c.n_layer) * 2 * (size_t(c.kv_dim()) * kv_elem_ + (kv_ == KvType::Q8_0 ? 4 * c.n_head_kv : 0));
+}
+
 void Context::store_kv(int layer, int pos, const float* k, const float* v) {
     // V is a row; K's channels go to their rows of the position's key tile, kKeyTile apart.
     const int KV = model_->cfg.kv_dim();
     uint8_t* K = const_cast<uint8_t*>(kv_layer(kcache_, layer));
     uint8_t* V = const_cast<uint8_t*>(kv_layer(vcache_, layer)) + size_t(pos) * KV * kv_elem_;
     const size_t k0 = key_index(pos, 0);
-    if (kv_elem_ == 2) {
+    if (kv_ == KvType::Q8_0) {
+        const int hd = model_->cfg.head_dim;
+        int8_t q[256];
+        for (int h = 0; h < model_->cfg.n_head_kv; ++h) {
+            vscale_[scale_index(layer, h) + pos] = quantize_q8(v + h * hd, hd, reinterpret_cast<int8_t*>(V) + h * hd);
+            kscale_[scale_index(layer, h) + pos] = quantize_q8(k + h * hd, hd, q);
+            for (int i = 0; i < hd; ++i) reinterpret_cast<int8_t*>(K)[k0 + size_t(h * hd + i) * kKeyTile] = q[i];
+        }
+    } else if (kv_ == KvType::F16) {
         k_.to_f16(v, KV, reinterpret_cast<uint16_t*>(V));
         uint16_t h[64];
         for (int c0 = 0; c0 < KV; c0 += 64) {
@@ -216,7 +260,7 @@ void Context::attention(int layer, int n) {
     const int hd = c.head_dim, kvd = c.kv_dim(), group = c.n_head / c.n_head_kv;
     const int n_splits_max = (n_ctx_ + kSplit - 1) / kSplit, pstride = hd + 2;
     const float scale = 1.0f / std::sqrt(float(hd));
-    const bool h16 = kv_elem_ == 2;
+    const bool h16 = kv_ == KvType::F16, q8 = kv_ == KvType::Q8_0;
     const uint8_t *K = kv_layer(kcache_, layer), *V = kv_layer(vcache_, layer);
     const int tb = std::max(1, kQB / group), units = (n + tb - 1) / tb;
     const int64_t tstride = int64_t(kvd) * kKeyTile;  // elements between key tiles
@@ -224,11 +268,17 @@ void Context::attention(int layer, int n) {
     auto scores = [&](const float* q, int nq, int kvh, int p0, int cnt, float* out) {  // p0: tile aligned
         const size_t off = key_index(p0, kvh * hd);
         if (h16) k_.attn_scores_h(q, nq, reinterpret_cast<const uint16_t*>(K) + off, tstride, cnt, hd, scale, out, lds);
+        else if (q8)
+            k_.attn_scores_q8(q, nq, reinterpret_cast<const int8_t*>(K) + off, kscale_.data() + scale_index(layer, kvh) + p0,
+                              tstride, cnt, hd, scale, out, lds);
         else k_.attn_scores(q, nq, reinterpret_cast<const float*>(K) + off, tstride, cnt, hd, scale, out, lds);
     };
     auto values = [&](const float* p, int nq, int kvh, int p0, int cnt, float* out) {
         const size_t off = size_t(p0) * kvd + kvh * hd;
         if (h16) k_.attn_values_h(p, lds, nq, reinterpret_cast<const uint16_t*>(V) + off, kvd, cnt, hd, out, ldp);
+        else if (q8)
+            k_.attn_values_q8(p, lds, nq, reinterpret_cast<const int8_t*>(V) + off, vscale_.data() + scale_index(layer, kvh) + p0,
+                              kvd, cnt, hd, out, ldp);
         else k_.attn_values(p, lds, nq, reinterpret_cast<const float*>(V) + off, kvd, cnt, hd, out, ldp);
     };
     auto len_of = [&](int t) { return n_past_ + t + 1; };  // positions token t attends to
@@ -369,7 +419,9 @@ void Context::copy_keys(int layer, char* rows, bool to_rows) const {
     // A snapshot stores K as plain (n_past, kv_dim) rows, like V: the file does not depend on
     // the cache's tile layout, and holds nothing of the positions past n_past.
     uint8_t* K = const_cast<uint8_t*>(kv_layer(kcache_, layer));
-    if (kv_elem_ == 2)
+    if (kv_elem_ == 1)
+        copy_key_tiles(reinterpret_cast<int8_t*>(K), reinterpret_cast<int8_t*>(rows), n_past_, model_->cfg.kv_dim(), to_rows);
+    else if (kv_elem_ == 2)
         copy_key_tiles(reinterpret_cast<uint16_t*>(K), reinterpret_cast<uint16_t*>(rows), n_past_, model_->cfg.kv_dim(), to_rows);
     else
         copy_key_tiles(reinterpret_cast<float*>(K), reinterpret_cast<float*>(rows), n_past_, model_->cfg.kv_dim(), to_rows);
@@ -389,15 +441,21 @@ std::string Context::snapshot() const {
     h.n_past = n_past_;
     h.logits_valid = logits_valid_;
     h.int8_matmul = int8_;
+    h.kv_type = uint32_t(kv_);
     const size_t rows = size_t(n_past_) * c.kv_dim() * kv_elem_;
     std::string out;
-    out.reserve(sizeof h + 2 * rows * c.n_layer + logits_.size() * 4 + 8);
+    out.reserve(sizeof h + n_past_ * kv_bytes_per_token() + logits_.size() * 4 + 8);
     out.append(reinterpret_cast<const char*>(&h), sizeof h);
+    auto append_scales = [&](const std::vector<float>& s, int l) {  // q8_0: (n_head_kv, n_past) f32
+        for (int kvh = 0; kvh < c.n_head_kv; ++kvh)
+            out.append(reinterpret_cast<const char*>(s.data() + scale_index(l, kvh)), sizeof(float) * n_past_);
+    };
     for (int l = 0; l < c.n_layer; ++l) {  // K rows then V rows, (n_past, kv_dim) each
         const size_t at = out.size();
         out.resize(at + rows);
         copy_keys(l, &out[at], true);
         out.append(reinterpret_cast<const char*>(kv_layer(vcache_, l)), rows);
+        if (kv_ == KvType::Q8_0) append_scales(kscale_, l), append_scales(vscale_, l);
     }
     out.append(reinterpret_cast<const char*>(logits_.data()), logits_.size() * 4);
     const uint64_t sum = hash_bytes(out.data(), out.size(), 42);
@@ -421,11 +479,15 @@ void Context::restore(const std::string& blob) {
     if (h.int8_matmul != uint32_t(int8_))
         throw ModelMismatch(std::string("snapshot was computed with ") + (h.int8_matmul ? "int8" : "f32") +
                             " matmuls; this context uses " + (int8_ ? "int8" : "f32"));
+    if (h.kv_type != uint32_t(kv_))
+        throw ModelMismatch(std::string("snapshot holds a ") +
+                            (h.kv_type <= 2 ? kv_type_name(KvType(h.kv_type)) : "unknown") +
+                            " KV cache; this context's is " + kv_type_name(kv_));
     if (h.n_past > uint32_t(n_ctx_))
         throw ContextOverflow("snapshot holds " + std::to_string(h.n_past) + " tokens, more than the context of " +
                               std::to_string(n_ctx_));
     const size_t rows = size_t(h.n_past) * c.kv_dim() * kv_elem_;
-    const size_t expect = sizeof h + 2 * rows * c.n_layer + size_t(c.vocab_size) * 4 + 8;
+    const size_t expect = sizeof h + h.n_past * kv_bytes_per_token() + size_t(c.vocab_size) * 4 + 8;
     if (blob.size() != expect)
         throw BadSnapshot("snapshot is " + std::to_string(blob.size()) + " bytes, expected " + std::to_string(expect));
     uint64_t sum;
@@ -437,6 +499,10 @@ void Context::restore(const std::string& blob) {
     for (int l = 0; l < c.n_layer; ++l) {
         copy_keys(l, const_cast<char*>(p), false), p += rows;
         std::memcpy(const_cast<uint8_t*>(kv_layer(vcache_, l)), p, rows), p += rows;
+        if (kv_ == KvType::Q8_0)
+            for (std::vector<float>* s : {&kscale_, &vscale_})
+                for (int kvh = 0; kvh < c.n_head_kv; ++kvh)
+                    std::memcpy(s->data() + scale_index(l, kvh), p, sizeof(float) * h.n_past), p += sizeof(float) * h.n_past;
     }
     std::memcpy(logits_.data(), p, size_t(c.vocab_size) * 4);
     logits_valid_ = h.logits_valid != 0;

@@ -13,14 +13,24 @@
 
 namespace zen5 {
 
+// How the cache stores K and V: fp32 (the exact path), fp16 (the int8 path's default) or int8
+// with one fp32 scale per position and kv head (q8_0: about half of fp16's bytes, the
+// attention's memory traffic at long context halved, at a small loss of precision).
+enum class KvType : uint32_t { F32 = 0, F16 = 1, Q8_0 = 2 };
+KvType kv_type_from_name(const std::string& name);  // "f32" | "f16" | "q8_0"; throws ZenError
+const char* kv_type_name(KvType t);
+
 class Context {
   public:
     // `kernels`: the table to compute with (tests force ref or avx512); default: the active one.
     // `int8_matmul`: quantized weights multiply int8-quantized activations (fast, ~0.5%
     // relative error per matmul, like llama.cpp); false: dequantize to fp32 (exact reference).
+    // `kv`: the cache's element type.
     Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* kernels = nullptr,
-            bool int8_matmul = true);
+            bool int8_matmul = true, KvType kv = KvType::F16);
     const char* isa() const { return k_.name; }
+    KvType kv_type() const { return kv_; }
+    size_t kv_bytes_per_token() const;  // K and V of one position over all layers, scales included
 
     // Appends tokens at n_past and computes the logits of the last one. When all_logits is
     // non-null it receives (n, vocab) logits, one row per token. Throws ContextOverflow
@@ -57,11 +67,13 @@ class Context {
     int n_ctx_, n_past_ = 0;
     bool logits_valid_ = false;
     bool int8_;
-    // Per layer, n_rows_ positions of kv_dim values in fp32 (exact path) or fp16 (int8 path:
-    // half the memory traffic of long-context attention and half the snapshot size). V is
-    // (n_rows, kv_dim) rows; K is in transposed tiles of kKeyTile positions (kernels.h).
+    // Per layer, n_rows_ positions of kv_dim values of type kv_. V is (n_rows, kv_dim) rows; K
+    // is in transposed tiles of kKeyTile positions (kernels.h). For q8_0 the scales are per
+    // layer (n_head_kv, n_rows): a head's scales are one contiguous stream in position order.
+    KvType kv_;
     AlignedBytes kcache_, vcache_;
-    size_t kv_elem_;  // 4 or 2 bytes
+    std::vector<float> kscale_, vscale_;
+    size_t kv_elem_;  // 4, 2 or 1 bytes
     int n_rows_;      // n_ctx rounded up to whole key tiles
     const uint8_t* kv_layer(const AlignedBytes& c, int layer) const {
         return c.get() + size_t(layer) * n_rows_ * model_->cfg.kv_dim() * kv_elem_;
@@ -71,6 +83,9 @@ class Context {
     }
     void store_kv(int layer, int pos, const float* k, const float* v);
     void copy_keys(int layer, char* rows, bool to_rows) const;  // K tiles <-> (n_past, kv_dim) rows
+    size_t scale_index(int layer, int head) const {  // of (layer, head, position 0) in kscale_ / vscale_
+        return (size_t(layer) * model_->cfg.n_head_kv + head) * n_rows_;
+    }
     // scratch, (kChunk, width)
     std::vector<float> x_, xb_, q_, kx_, vx_, att_, gate_, up_;
     std::vector<float> scores_;  // (threads, n_head_kv, kQB / group x group, kSplit)

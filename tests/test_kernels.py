@@ -264,3 +264,29 @@ def test_attention_kernels_f16_cache(n, hd, stride):
         assert np.allclose(sc, exact, atol=1e-5, rtol=1e-5), isa
         out = _native.kernel_attn_values_h(isa, p, v.view(np.uint16), hd)
         assert np.allclose(out, p.astype(np.float64) @ v[:, :hd].astype(np.float64), atol=1e-5), isa
+
+
+@pytest.mark.parametrize("nq", [1, 3, 9, 24, 51])
+@pytest.mark.parametrize("n,hd,stride", [(1, 64, 192), (23, 64, 64), (203, 64, 192), (70, 32, 96), (17, 80, 80)])
+def test_attention_kernels_q8_cache(nq, n, hd, stride):
+    """The int8 cache's kernels (KV type q8_0: int8 values, one scale per position and head)
+    equal the dequantized cache's exact result, in both ISAs, and a query's bits do not depend
+    on the other queries of the call (what keeps a batch equal to the tokens one by one)."""
+    rng = np.random.default_rng(nq * 1000 + n)
+    q = rng.standard_normal((nq, hd)).astype(np.float32)
+    k = rng.integers(-127, 128, (n, stride), dtype=np.int8)
+    v = rng.integers(-127, 128, (n, stride), dtype=np.int8)
+    ks = (rng.random(n) * 0.05).astype(np.float32)
+    vs = (rng.random(n) * 0.05).astype(np.float32)
+    p = rng.random((nq, n)).astype(np.float32)
+    scale = 1 / np.sqrt(hd)
+    exact = q.astype(np.float64) @ (k[:, :hd] * ks[:, None].astype(np.float64)).T * scale
+    exact_o = p.astype(np.float64) @ (v[:, :hd] * vs[:, None].astype(np.float64))
+    for isa in ("ref", "avx512"):
+        sc = _native.kernel_attn_scores_q8(isa, q, k, ks, hd, scale).reshape(nq, n)
+        assert np.allclose(sc, exact, atol=1e-5, rtol=1e-5), isa
+        o = _native.kernel_attn_values_q8(isa, p, v, vs, hd).reshape(nq, hd)
+        assert np.allclose(o, exact_o, atol=1e-4, rtol=1e-5), isa
+        for j in range(nq):
+            assert np.array_equal(sc[j], _native.kernel_attn_scores_q8(isa, q[j], k, ks, hd, scale)), isa
+            assert np.array_equal(o[j], _native.kernel_attn_values_q8(isa, p[j], v, vs, hd)), isa

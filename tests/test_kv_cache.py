@@ -134,3 +134,80 @@ def test_snapshot_refuses_the_other_matmul_path(smollm2_path):
     a.ctx.eval([1, 2, 3])
     with pytest.raises(zen5.ModelMismatch, match="int8 matmuls"):
         b.ctx.restore(a.ctx.snapshot())
+
+
+# ---- the q8_0 cache (int8 values + one f32 scale per position and kv head) --------------------
+
+def _snapshot_layers(blob: bytes, eng: Engine, elem: np.dtype, scales: bool) -> list[tuple]:
+    """Per layer (K rows, V rows[, K scales, V scales]) from a Context.snapshot() blob: the
+    header (its size is at byte 12), then per layer K then V rows (n_past, kv_dim) and, for
+    q8_0, the K then V scales (n_head_kv, n_past)."""
+    c, n = eng.config, eng.ctx.n_past
+    kvd = c.n_head_kv * c.head_dim
+    at = int.from_bytes(blob[12:16], "little")
+    out = []
+    for _ in range(c.n_layer):
+        part = []
+        for shape, dt in [((n, kvd), elem)] * 2 + ([((c.n_head_kv, n), np.float32)] * 2 if scales else []):
+            size = int(np.prod(shape)) * np.dtype(dt).itemsize
+            part.append(np.frombuffer(blob, dt, count=int(np.prod(shape)), offset=at).reshape(shape))
+            at += size
+        out.append(tuple(part))
+    return out
+
+
+def test_q8_cache_stores_each_head_as_int8_and_a_scale(smollm2_path):
+    """Layer 0's K and V depend only on the embeddings, so an f32 cache and a q8_0 cache fed the
+    same tokens must hold the same vectors before quantization: the q8_0 rows must be exactly
+    round(x / d) with d = max|x| / 127 per position and head (round half to even), computed here
+    in numpy from the f32 cache's rows."""
+    f32 = Engine.load(smollm2_path, ctx=128, matmul="f32", kv_type="f32")
+    q8 = Engine(f32.weights, ctx=128, matmul="f32", kv_type="q8_0")
+    assert (f32.kv_type, q8.kv_type) == ("f32", "q8_0")
+    toks = f32.tokenizer.encode(TEXT)
+    f32.ctx.eval(toks)
+    q8.ctx.eval(toks)
+    c = f32.config
+    k, v = _snapshot_layers(f32.ctx.snapshot(), f32, np.float32, False)[0]
+    kq, vq, ks, vs = _snapshot_layers(q8.ctx.snapshot(), q8, np.int8, True)[0]
+    for x, xq, xs in ((k, kq, ks), (v, vq, vs)):
+        heads = x.reshape(len(toks), c.n_head_kv, c.head_dim)
+        d = (np.abs(heads).max(axis=2) / np.float32(127)).astype(np.float32)   # (n, heads)
+        inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+        expect = np.clip(np.rint(heads * inv[:, :, None]), -127, 127).astype(np.int8)
+        assert np.array_equal(xs.T, d)
+        assert np.array_equal(xq.reshape(heads.shape), expect)
+    # and the whole cache costs 8 bits + 32 bits per 64 values instead of fp16's 16
+    assert q8.ctx.kv_bytes_per_token == c.n_layer * 2 * (c.n_head_kv * c.head_dim + 4 * c.n_head_kv)
+    f16 = Engine(f32.weights, ctx=128)
+    assert f16.kv_type == "f16" and f16.ctx.kv_bytes_per_token == c.n_layer * 2 * c.n_head_kv * c.head_dim * 2
+
+
+def test_q8_cache_batch_equals_tokens_one_by_one_and_snapshots_are_exact(smollm2_path):
+    """The q8_0 kernels keep the engine's guarantees: a batch across chunk, split and key-tile
+    boundaries equals the tokens one by one, bit for bit, and a snapshot restores exactly."""
+    eng = Engine.load(smollm2_path, ctx=1024, kv_type="q8_0")
+    toks = (eng.tokenizer.encode(TEXT) * 40)[:620]
+    whole = eng.ctx.eval(toks, all_logits=True)
+    eng.ctx.rewind(497)
+    single = np.stack([eng.ctx.eval([t], all_logits=True)[0] for t in toks[497:]])
+    assert np.array_equal(single, whole[497:])
+    snap = eng.ctx.snapshot()
+    nxt = eng.ctx.eval([42], all_logits=True)
+    other = Engine(eng.weights, ctx=1024, kv_type="q8_0")
+    other.ctx.restore(snap)
+    assert np.array_equal(other.ctx.logits(), whole[-1])
+    assert np.array_equal(other.ctx.eval([42], all_logits=True), nxt)
+    f16 = Engine(eng.weights, ctx=1024)
+    f16.ctx.eval(toks)
+    assert len(snap) < 0.54 * len(f16.ctx.snapshot())   # 68 bytes per 64 values instead of 128
+    with pytest.raises(zen5.ModelMismatch, match="q8_0 KV cache; this context's is f16"):
+        f16.ctx.restore(snap)
+    with pytest.raises(zen5.ModelMismatch, match="f16 KV cache; this context's is q8_0"):
+        other.ctx.restore(f16.ctx.snapshot())
+    assert other.ctx.n_past == 621   # a refused restore leaves the state alone
+
+
+def test_unknown_kv_type_is_a_clear_error(smollm2_path):
+    with pytest.raises(zen5.ZenError, match="f32, f16 or q8_0, got 'q4_0'"):
+        Engine.load(smollm2_path, ctx=64, kv_type="q4_0")

@@ -142,6 +142,15 @@ struct Kernels {
     // over [a, n) gives the same bits as one call over [0, n).
     void (*attn_values)(const float* p, int64_t ldp, int nq, const float* v, int64_t stride, int n, int hd,
                         float* out, int64_t ldo);
+    // The two attention kernels over an int8 cache (KV type q8_0): each position's hd values of a
+    // head are int8 with one fp32 scale, ks[i] / vs[i] for position i (a head's scales are
+    // contiguous in position order). Same orders and guarantees as the float versions:
+    //   out[j*ldo + i] = ((sum over d, in order, of q[j][d] * float(k_i[d])) * ks[i]) * scale
+    //   out[j*ldo + 0:hd] += sum over i, in order, of (p[j*ldp + i] * vs[i]) * float(v_i[0:hd])
+    void (*attn_scores_q8)(const float* q, int nq, const int8_t* k, const float* ks, int64_t tstride, int n,
+                           int hd, float scale, float* out, int64_t ldo);
+    void (*attn_values_q8)(const float* p, int64_t ldp, int nq, const int8_t* v, const float* vs, int64_t stride,
+                           int n, int hd, float* out, int64_t ldo);
 };
 
 const Kernels& kernels_ref();

@@ -372,6 +372,7 @@ void swiglu_avx512(const float* g, const float* u, int64_t n, float* out) {
 // 16 cache values from fp32 or fp16 rows; lanes outside m are zero
 inline __m512 load_kv(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 inline __m512 load_kv(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+inline __m512 load_kv(const int8_t* p, __mmask16 m) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p))); }
 
 // Long-context attention is bound by reading the cache, and a head's data is not one stream (its
 // key tiles are kv_dim x 16 values apart, its value rows kv_dim values apart), which the hardware
@@ -386,6 +387,7 @@ inline void prefetch_bytes(const void* p, size_t bytes) {
 // 16 positions of one key channel (a tile row)
 inline __m512 load_tile_row(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load_tile_row(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+inline __m512 load_tile_row(const int8_t* p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p))); }
 
 // Scores of G queries (q: (hd, G), channel-major, so one pointer with constant offsets reaches
 // them all) against the 16 x R positions of R consecutive key tiles (tile i0 / 16 on):
@@ -395,7 +397,7 @@ inline __m512 load_tile_row(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_l
 // with R = 1 the broadcast is the FMA's memory operand and takes no register.
 template <typename T, int G, int R>
 inline void score_tiles(const float* q, int hd, const T* k, int64_t tstride, float scale, float* out, int64_t ldo,
-                        int i0, int n) {
+                        int i0, int n, const float* ks) {
     __m512 a[G][R];
 #pragma GCC unroll 24
     for (int g = 0; g < G; ++g)
@@ -403,7 +405,7 @@ inline void score_tiles(const float* q, int hd, const T* k, int64_t tstride, flo
     // the tiles kTilesAhead further, a line at a time as the channels advance (a burst of
     // prefetches at the start of a pass filled the line-fill buffers and stalled the loop)
     const char* ahead = reinterpret_cast<const char*>(k + kTilesAhead * tstride);
-    constexpr int kRowBytes = kKeyTile * sizeof(T);  // one channel of a tile: 32 or 64 bytes
+    constexpr int kRowBytes = kKeyTile * sizeof(T);  // one channel of a tile: 16, 32 or 64 bytes
 #pragma GCC unroll 2
     for (int d = 0; d < hd; ++d) {
         if ((d * kRowBytes) % 64 == 0)
@@ -420,6 +422,11 @@ inline void score_tiles(const float* q, int hd, const T* k, int64_t tstride, flo
         const int i = i0 + r * kKeyTile;
         if (i >= n) break;
         const __mmask16 m = tail_mask(n - i);
+        if constexpr (sizeof(T) == 1) {  // int8 keys: the positions' scales, then the common one
+            const __m512 kd = _mm512_maskz_loadu_ps(m, ks + i);
+#pragma GCC unroll 24
+            for (int g = 0; g < G; ++g) a[g][r] = _mm512_mul_ps(a[g][r], kd);
+        }
 #pragma GCC unroll 24
         for (int g = 0; g < G; ++g) _mm512_mask_storeu_ps(out + g * ldo + i, m, _mm512_mul_ps(a[g][r], s));
     }
@@ -428,16 +435,16 @@ inline void score_tiles(const float* q, int hd, const T* k, int64_t tstride, flo
 // `left` tiles from tile t for G queries: R at a time, then the rest with smaller R.
 template <typename T, int G, int R>
 void score_run(const float* q, int hd, const T* k, int64_t tstride, float scale, float* out, int64_t ldo, int t,
-               int left, int n) {
+               int left, int n, const float* ks) {
     for (; left >= R; t += R, left -= R)
-        score_tiles<T, G, R>(q, hd, k + t * tstride, tstride, scale, out, ldo, t * kKeyTile, n);
+        score_tiles<T, G, R>(q, hd, k + t * tstride, tstride, scale, out, ldo, t * kKeyTile, n, ks);
     if constexpr (R > 1)
-        if (left > 0) score_run<T, G, R / 2>(q, hd, k, tstride, scale, out, ldo, t, left, n);
+        if (left > 0) score_run<T, G, R / 2>(q, hd, k, tstride, scale, out, ldo, t, left, n, ks);
 }
 
 template <typename T>
 void attn_scores_t(const float* q, int nq, const T* k, int64_t tstride, int n, int hd, float scale, float* out,
-                   int64_t ldo) {
+                   int64_t ldo, const float* ks = nullptr) {
     // Passes of 8 tiles, queries inner: a pass's tiles stay in L1 while every query uses them.
     // Only the grouping depends on nq; each score's arithmetic does not.
     constexpr int kPass = 8;
@@ -459,12 +466,12 @@ void attn_scores_t(const float* q, int nq, const T* k, int64_t tstride, int n, i
             const int g = group_of(j);
             const float* qj = qt.data() + size_t(j) * hd;
             float* oj = out + j * ldo;
-            if (g == 24) score_run<T, 24, 1>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
-            else if (g == 12) score_run<T, 12, 1>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
-            else if (g == 6) score_run<T, 6, 3>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
-            else if (g == 3) score_run<T, 3, 8>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
-            else if (g == 2) score_run<T, 2, 8>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
-            else score_run<T, 1, 8>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
+            if (g == 24) score_run<T, 24, 1>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n, ks);
+            else if (g == 12) score_run<T, 12, 1>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n, ks);
+            else if (g == 6) score_run<T, 6, 3>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n, ks);
+            else if (g == 3) score_run<T, 3, 8>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n, ks);
+            else if (g == 2) score_run<T, 2, 8>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n, ks);
+            else score_run<T, 1, 8>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n, ks);
             j += g;
         }
     }
@@ -477,6 +484,10 @@ void attn_scores_avx512(const float* q, int nq, const float* k, int64_t tstride,
 void attn_scores_h_avx512(const float* q, int nq, const uint16_t* k, int64_t tstride, int n, int hd, float scale,
                           float* out, int64_t ldo) {
     attn_scores_t(q, nq, k, tstride, n, hd, scale, out, ldo);
+}
+void attn_scores_q8_avx512(const float* q, int nq, const int8_t* k, const float* ks, int64_t tstride, int n, int hd,
+                           float scale, float* out, int64_t ldo) {
+    attn_scores_t(q, nq, k, tstride, n, hd, scale, out, ldo, ks);
 }
 
 float softmax_partial_avx512(float* x, int n, float* max) {
@@ -514,7 +525,8 @@ float softmax_partial_avx512(float* x, int n, float* max) {
 // all of them; one chain per output value, in position order, whatever G is. HD > 0 fixes the
 // head size (64: no run-time lane checks in the loop); the arithmetic is the same either way.
 template <typename T, int G, int HD>
-void values_group(const float* p, int64_t ldp, const T* v, int64_t stride, int n, int hd_, float* out, int64_t ldo) {
+void values_group(const float* p, int64_t ldp, const T* v, int64_t stride, int n, int hd_, float* out, int64_t ldo,
+                  const float* vs) {
     const int hd = HD ? HD : hd_;
     for (int d0 = 0; d0 < hd; d0 += 64) {  // up to 64 output lanes stay in registers
         const int w = hd - d0 < 64 ? hd - d0 : 64;
@@ -537,7 +549,8 @@ void values_group(const float* p, int64_t ldp, const T* v, int64_t stride, int n
                 if (16 * j < w) vv[j] = HD ? load_kv(vi + 16 * j, __mmask16(0xFFFF)) : load_kv(vi + 16 * j, m[j]);
 #pragma GCC unroll 8  // left to itself GCC kept the loops rolled, accumulators in memory
             for (int g = 0; g < G; ++g) {
-                const __m512 pg = _mm512_set1_ps(p[g * ldp + i]);
+                // int8 rows: the row's scale joins the weight (one scalar multiply per row and query)
+                const __m512 pg = _mm512_set1_ps(sizeof(T) == 1 ? p[g * ldp + i] * vs[i] : p[g * ldp + i]);
 #pragma GCC unroll 4
                 for (int j = 0; j < 4; ++j)
                     if (16 * j < w) acc[g][j] = _mm512_fmadd_ps(pg, vv[j], acc[g][j]);
@@ -552,14 +565,15 @@ void values_group(const float* p, int64_t ldp, const T* v, int64_t stride, int n
 }
 
 template <typename T, int G>
-void values_group(const float* p, int64_t ldp, const T* v, int64_t stride, int n, int hd, float* out, int64_t ldo) {
-    if (hd == 64) values_group<T, G, 64>(p, ldp, v, stride, n, hd, out, ldo);
-    else values_group<T, G, 0>(p, ldp, v, stride, n, hd, out, ldo);
+void values_group(const float* p, int64_t ldp, const T* v, int64_t stride, int n, int hd, float* out, int64_t ldo,
+                  const float* vs) {
+    if (hd == 64) values_group<T, G, 64>(p, ldp, v, stride, n, hd, out, ldo, vs);
+    else values_group<T, G, 0>(p, ldp, v, stride, n, hd, out, ldo, vs);
 }
 
 template <typename T>
 void attn_values_t(const float* p, int64_t ldp, int nq, const T* v, int64_t stride, int n, int hd, float* out,
-                   int64_t ldo) {
+                   int64_t ldo, const float* vs = nullptr) {
     // Blocks of 32 rows, queries in groups of up to 6 (24 accumulators) inner: a block stays in
     // L1 while every group uses it. The partial sums go through `out` between blocks (exact).
     // (Widening an fp16 block to fp32 once for all groups measured slower: the conversions are
@@ -572,11 +586,11 @@ void attn_values_t(const float* p, int64_t ldp, int nq, const T* v, int64_t stri
             const int g = nq - j >= 6 ? 6 : nq - j >= 4 ? 4 : nq - j;
             const float* pj = p + j * ldp + i0;
             float* oj = out + j * ldo;
-            if (g == 6) values_group<T, 6>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
-            else if (g == 4) values_group<T, 4>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
-            else if (g == 3) values_group<T, 3>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
-            else if (g == 2) values_group<T, 2>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
-            else values_group<T, 1>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
+            if (g == 6) values_group<T, 6>(pj, ldp, vb, stride, cnt, hd, oj, ldo, vs ? vs + i0 : nullptr);
+            else if (g == 4) values_group<T, 4>(pj, ldp, vb, stride, cnt, hd, oj, ldo, vs ? vs + i0 : nullptr);
+            else if (g == 3) values_group<T, 3>(pj, ldp, vb, stride, cnt, hd, oj, ldo, vs ? vs + i0 : nullptr);
+            else if (g == 2) values_group<T, 2>(pj, ldp, vb, stride, cnt, hd, oj, ldo, vs ? vs + i0 : nullptr);
+            else values_group<T, 1>(pj, ldp, vb, stride, cnt, hd, oj, ldo, vs ? vs + i0 : nullptr);
             j += g;
         }
     }
@@ -589,6 +603,10 @@ void attn_values_avx512(const float* p, int64_t ldp, int nq, const float* v, int
 void attn_values_h_avx512(const float* p, int64_t ldp, int nq, const uint16_t* v, int64_t stride, int n, int hd,
                           float* out, int64_t ldo) {
     attn_values_t(p, ldp, nq, v, stride, n, hd, out, ldo);
+}
+void attn_values_q8_avx512(const float* p, int64_t ldp, int nq, const int8_t* v, const float* vs, int64_t stride,
+                           int n, int hd, float* out, int64_t ldo) {
+    attn_values_t(p, ldp, nq, v, stride, n, hd, out, ldo, vs);
 }
 
 void to_f16_avx512(const float* x, int64_t n, uint16_t* out) {
@@ -753,7 +771,8 @@ const Kernels* kernels_avx512() {
     static const Kernels k{"avx512", matmul_avx512, dequant_row_avx512, dot_avx512, axpy_avx512,
                            add_avx512, rmsnorm_avx512, swiglu_avx512, attn_scores_avx512,
                            quantize_act_avx512, matmul_int8_avx512, attn_scores_h_avx512,
-                           attn_values_h_avx512, to_f16_avx512, softmax_partial_avx512, attn_values_avx512};
+                           attn_values_h_avx512, to_f16_avx512, softmax_partial_avx512, attn_values_avx512,
+                           attn_scores_q8_avx512, attn_values_q8_avx512};
     return &k;
 }
 

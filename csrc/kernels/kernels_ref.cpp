@@ -168,17 +168,18 @@ template <typename T>
 static float key_at(const T* k, int64_t tstride, int i, int d) {
     const T x = k[key_tile_index(i, d, tstride / kKeyTile)];
     if constexpr (sizeof(T) == 2) return f16_to_f32(x);
-    else return x;
+    else return float(x);
 }
 
+// ks: the int8 cache's per-position scales (nullptr for float caches)
 template <typename T>
 static void attn_scores_tiles_ref(const float* q, int nq, const T* k, int64_t tstride, int n, int hd, float scale,
-                                  float* out, int64_t ldo) {
+                                  float* out, int64_t ldo, const float* ks = nullptr) {
     for (int j = 0; j < nq; ++j)
         for (int i = 0; i < n; ++i) {
             float acc = 0.0f;
             for (int d = 0; d < hd; ++d) acc += q[j * hd + d] * key_at(k, tstride, i, d);
-            out[j * ldo + i] = acc * scale;
+            out[j * ldo + i] = (ks ? acc * ks[i] : acc) * scale;
         }
 }
 
@@ -274,6 +275,20 @@ static void attn_values_h_ref(const float* p, int64_t ldp, int nq, const uint16_
             for (int d = 0; d < hd; ++d) out[j * ldo + d] += p[j * ldp + i] * f16_to_f32(v[i * stride + d]);
 }
 
+static void attn_scores_q8_ref(const float* q, int nq, const int8_t* k, const float* ks, int64_t tstride, int n,
+                               int hd, float scale, float* out, int64_t ldo) {
+    attn_scores_tiles_ref(q, nq, k, tstride, n, hd, scale, out, ldo, ks);
+}
+
+static void attn_values_q8_ref(const float* p, int64_t ldp, int nq, const int8_t* v, const float* vs,
+                               int64_t stride, int n, int hd, float* out, int64_t ldo) {
+    for (int j = 0; j < nq; ++j)
+        for (int i = 0; i < n; ++i) {
+            const float a = p[j * ldp + i] * vs[i];
+            for (int d = 0; d < hd; ++d) out[j * ldo + d] += a * float(v[i * stride + d]);
+        }
+}
+
 static void to_f16_ref(const float* x, int64_t n, uint16_t* out) {
     for (int64_t i = 0; i < n; ++i) out[i] = f32_to_f16(x[i]);
 }
@@ -282,7 +297,7 @@ const Kernels& kernels_ref() {
     static const Kernels k{"ref", matmul_ref, dequant_row_ref, dot_ref, axpy_ref, add_ref,
                            rmsnorm_ref, swiglu_ref, attn_scores_ref, quantize_act_ref, matmul_int8_ref,
                            attn_scores_h_ref, attn_values_h_ref, to_f16_ref, softmax_partial_ref,
-                           attn_values_ref};
+                           attn_values_ref, attn_scores_q8_ref, attn_values_q8_ref};
     return k;
 }
 

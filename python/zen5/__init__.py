@@ -11,11 +11,13 @@ __version__ = "0.1.0"
 ISA = _isa
 
 
-def load(name_or_path: str = "smollm2", threads: int | None = None, ctx: int | None = None):
-    """Load a model by name (``smollm2``) or path (GGUF file or HF safetensors directory)."""
+def load(name_or_path: str = "smollm2", threads: int | None = None, ctx: int | None = None,
+         matmul: str | None = None, kv_type: str | None = None):
+    """Load a model by name (``smollm2``) or path (GGUF file or HF safetensors directory).
+    ``kv_type="q8_0"`` halves the KV cache (Engine documents the options)."""
     from zen5.engine import Engine
 
-    return Engine.load(name_or_path, threads=threads, ctx=ctx)
+    return Engine.load(name_or_path, threads=threads, ctx=ctx, matmul=matmul, kv_type=kv_type)
 
 
 __all__ = ["load", "ISA", "ZenError", "ContextOverflow", "BadSnapshot", "ModelMismatch", "BadModel",

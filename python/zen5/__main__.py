@@ -21,12 +21,15 @@ def _add_model_args(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: the model's, capped)")
     p.add_argument("--matmul", choices=("int8", "f32"), default=None,
                    help="quantized matmuls: int8 activations (fast, default) or exact fp32 (env ZEN5_MATMUL)")
+    p.add_argument("--kv-type", choices=("f16", "f32", "q8_0"), default=None,
+                   help="KV cache element type: f16 (default with int8 matmuls), f32 (default with f32) or "
+                        "q8_0 (int8 + a scale per position and head: half the memory; env ZEN5_KV_TYPE)")
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
     from zen5.engine import Engine
 
-    eng = Engine.load(a.model, threads=a.threads, ctx=a.ctx, matmul=a.matmul)
+    eng = Engine.load(a.model, threads=a.threads, ctx=a.ctx, matmul=a.matmul, kv_type=a.kv_type)
     prompt = a.prompt
     if not a.raw and eng.chat_template:
         prompt = eng.apply_chat_template([{"role": "user", "content": prompt}])
@@ -54,7 +57,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
            "avx512_supported": _native.avx512_supported(),
            "threads": a.threads or default_threads()}
     if a.model:
-        eng = Engine.load(a.model, threads=a.threads, ctx=a.ctx, matmul=a.matmul)
+        eng = Engine.load(a.model, threads=a.threads, ctx=a.ctx, matmul=a.matmul, kv_type=a.kv_type)
         out["model"] = eng.info()
     print(json.dumps(out, indent=2))
     return 0
@@ -123,7 +126,7 @@ def _cmd_serve(a: argparse.Namespace) -> int:
     return serve(ServerConfig(model=a.model, host=a.host, port=a.port, threads=a.threads, ctx=a.ctx,
                               api_key=a.api_key, cors=a.cors, trace=a.trace, queue=a.queue,
                               state_dir=a.state_dir, max_output=a.max_output, keepalive=a.keepalive,
-                              matmul=a.matmul))
+                              matmul=a.matmul, kv_type=a.kv_type))
 
 
 def _add_serve(sub) -> None:

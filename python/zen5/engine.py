@@ -78,7 +78,7 @@ class Generation:
 
 class Engine:
     def __init__(self, weights: LoadedWeights, threads: int | None = None, ctx: int | None = None,
-                 isa: str | None = None, matmul: str | None = None):
+                 isa: str | None = None, matmul: str | None = None, kv_type: str | None = None):
         cfg = weights.config
         self.weights = weights
         self.config: ModelConfig = cfg
@@ -96,16 +96,29 @@ class Engine:
         # matmul: "int8" (default; quantized weights times int8-quantized activations, as
         # llama.cpp does) or "f32" (dequantize to fp32: the exact path the PyTorch oracle pins).
         self.matmul = matmul or os.environ.get("ZEN5_MATMUL", "int8")
-        self.ctx = _native.Context(self.native, self.n_ctx, isa or "", self.matmul)
+        # kv_type: how the cache stores K/V: "f16" (the int8 path's default), "f32" (the f32
+        # path's) or "q8_0" (int8 with a scale per position and head: half of f16's bytes, so
+        # long contexts take half the memory and decode deep in them reads half the cache).
+        self.ctx = _native.Context(self.native, self.n_ctx, isa or "", self.matmul,
+                                   kv_type or os.environ.get("ZEN5_KV_TYPE", ""))
+        self.kv_type: str = self.ctx.kv_type
         self.isa: str = self.ctx.isa
         self._tokens: list[int] = []  # exactly the tokens whose K/V rows the context holds
         self.state_id = 0              # bumped on every change of the cache (staleness checks)
 
     @classmethod
     def load(cls, name_or_path: str = "smollm2", threads: int | None = None, ctx: int | None = None,
-             isa: str | None = None, matmul: str | None = None):
+             isa: str | None = None, matmul: str | None = None, kv_type: str | None = None):
         return cls(load_weights(resolve_model(name_or_path)), threads=threads, ctx=ctx, isa=isa,
-                   matmul=matmul)
+                   matmul=matmul, kv_type=kv_type)
+
+    @property
+    def cache_id(self) -> str:
+        """Names what a KV snapshot depends on: the model fingerprint, plus the matmul path and
+        KV type where they differ from the defaults (int8, f16), so the server keeps checkpoints
+        of different layouts in different directories."""
+        fp = f"{self.native.fingerprint:016x}"
+        return fp if (self.matmul, self.kv_type) == ("int8", "f16") else f"{fp}-{self.matmul}-{self.kv_type}"
 
     # ---- prompts -------------------------------------------------------------------------
     @property
@@ -291,5 +304,7 @@ class Engine:
             "fingerprint": f"{self.native.fingerprint:016x}",
             "isa": self.isa,
             "matmul": self.matmul,
+            "kv_type": self.kv_type,
+            "kv_bytes_per_token": int(self.ctx.kv_bytes_per_token),
             "threads": self.threads,
         }

@@ -60,6 +60,7 @@ class ServerConfig:
     threads: int | None = None
     ctx: int | None = None
     matmul: str | None = None    # "int8" | "f32" (Engine.load), None: the engine's default
+    kv_type: str | None = None   # "f16" | "f32" | "q8_0" (Engine.load), None: the matmul's default
     api_key: str | None = None
     cors: bool = False
     trace: str | None = None
@@ -660,14 +661,14 @@ def model_name(model: str) -> str:
 
 
 def _checkpoint_store(config: ServerConfig, engine: Engine) -> dict:
-    """Disk checkpoints under STATE_DIR/checkpoints/<model fingerprint> (one directory per model:
-    a store removes files of other models), where the checkpoint module is available."""
+    """Disk checkpoints under STATE_DIR/checkpoints/<Engine.cache_id> (one directory per model
+    and cache layout: a store removes files it cannot restore), where the module is available."""
     try:
         from zen5.checkpoints import CheckpointStore
     except ImportError:
         return {}
     base = Path(config.state_dir) if config.state_dir else Path.home() / ".cache" / "zen5"
-    return {"checkpoints": CheckpointStore(base / "checkpoints" / f"{engine.native.fingerprint:016x}")}
+    return {"checkpoints": CheckpointStore(base / "checkpoints" / engine.cache_id)}
 
 
 def serve(config: ServerConfig) -> int:
@@ -676,7 +677,8 @@ def serve(config: ServerConfig) -> int:
     from zen5.session import ChatSession
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = ServingEngine.load(config.model, threads=config.threads, ctx=config.ctx, matmul=config.matmul)
+    engine = ServingEngine.load(config.model, threads=config.threads, ctx=config.ctx, matmul=config.matmul,
+                                 kv_type=config.kv_type)
     session = ChatSession(engine, state_dir=config.state_dir, **_checkpoint_store(config, engine))
     server = ZenServer(config, session, model_name(config.model))
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal under the

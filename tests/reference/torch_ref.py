@@ -107,9 +107,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool
     return torch.stack([ra, rb], dim=-1).flatten(-2)          # re-interleave
 
 
+def q8_roundtrip(x: torch.Tensor) -> torch.Tensor:
+    """What a q8_0 KV cache keeps of x [..., hd]: per vector, d = max|x| / 127 and the values
+    round(x / d) * d (round half to even), as the engine's cache stores them."""
+    d = x.abs().amax(dim=-1, keepdim=True) / 127
+    return torch.where(d > 0, torch.round(x / torch.where(d > 0, d, 1)).clamp(-127, 127) * d, 0.0)
+
+
 class TorchRef:
-    def __init__(self, config, tensors: dict):
+    def __init__(self, config, tensors: dict, kv_type: str = "f32"):
+        """kv_type "q8_0": K (after RoPE) and V pass through q8_roundtrip, like a q8_0 cache."""
         self.cfg = config
+        self.kv_q8 = kv_type == "q8_0"
         self.w = {}
         for name, t in tensors.items():
             if hasattr(t, "ggml_type"):  # zen5.loader.Tensor also accepted
@@ -134,6 +143,8 @@ class TorchRef:
         ang = torch.arange(n, dtype=torch.float64)[:, None] * self.inv_freq[None, :]  # [n, hd/2]
         cos, sin = ang.cos().float(), ang.sin().float()
         q, k = apply_rope(q, cos, sin, c.rope_neox), apply_rope(k, cos, sin, c.rope_neox)
+        if self.kv_q8:
+            k, v = q8_roundtrip(k), q8_roundtrip(v)
         group = c.n_head // c.n_head_kv                           # query heads per kv head
         k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)  # [n_head, n, hd]
         scores = q @ k.transpose(1, 2) / math.sqrt(hd)            # [n_head, n, n]
