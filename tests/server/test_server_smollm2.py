@@ -265,3 +265,24 @@ def test_clean_shutdown_saves_and_a_restart_resumes_from_disk(tmp_path):
     (first, src1), (second, src2) = usages
     assert src1 == "cold" and src2 == "disk", usages
     assert second["prompt_tokens_details"]["cached_tokens"] >= first["prompt_tokens"] - 64
+
+
+def test_q8_kv_cache_server_keeps_its_own_checkpoints(tmp_path):
+    """`serve --kv-type q8_0` answers, saves its disk checkpoints in a directory of its own
+    (<fingerprint>-int8-q8_0: a q8_0 snapshot cannot restore into an f16 cache), resumes from
+    them after a restart, and a default (f16) server on the same --state-dir neither uses nor
+    removes them."""
+    facts = " ".join(f"Fact {i}: the sea is green." for i in range(70))  # ~700 tokens: worth a file
+    body = {"model": "m", "max_tokens": 8, "temperature": 0,
+            "messages": [{"role": "user", "content": facts + " Which fact is first?"}]}
+    runs = []
+    for kv in ("q8_0", "q8_0", "f16"):
+        srv = start_server("smollm2", tmp_path, "--threads", "2", "--ctx", "1024", "--kv-type", kv)
+        r = requests.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+        runs.append(srv.trace()[-1]["cache"]["source"])
+        assert srv.stop() == 0
+    assert runs == ["cold", "disk", "cold"], runs
+    dirs = sorted(p.name for p in (tmp_path / "state" / "checkpoints").iterdir())
+    assert len(dirs) == 2 and dirs[1] == dirs[0] + "-int8-q8_0", dirs
+    assert list((tmp_path / "state" / "checkpoints" / dirs[1]).glob("*.z5kv"))
