@@ -9,6 +9,8 @@ model's context). At each frontier F, with the cache holding the previous fronti
 Each interval and each decode is repeated `repeat` times (rewinding between) and the median kept.
 kv_bytes is the K/V state the context holds at F: F x the snapshot's bytes per position (measured
 from two snapshots, so it follows the engine's KV dtype without knowing it).
+Several engines (the KV cache types) walk together, interleaved frontier by frontier, so they
+share each time window; each gets its own rows.
 
 CSV columns, exactly: ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kv_bytes.
 The context is allocated at the last frontier + gen_tokens so the last decode fits.
@@ -35,37 +37,47 @@ def kv_bytes_per_position(ctx, tokens: list[int]) -> int:
     return two - one
 
 
-def walk(engine, tokens: list[int], frontiers: list[int], gen_tokens: int, repeat: int,
-         log=print) -> list[dict]:
-    ctx = engine.ctx
-    eos = sorted(engine.tokenizer.eos_ids)
-    per_pos = kv_bytes_per_position(ctx, tokens)
-    for test in WARMUP:
-        time_test(ctx, tokens, test, eos)
-    rows, prev = [], 0
-    ctx.rewind(0)
+def walk(engines: dict, tokens: list[int], frontiers: list[int], gen_tokens: int, repeat: int,
+         log=print) -> dict[str, list[dict]]:
+    """engines: name -> Engine; returns name -> rows."""
+    eos = sorted(next(iter(engines.values())).tokenizer.eos_ids)
+    per_pos = {name: kv_bytes_per_position(e.ctx, tokens) for name, e in engines.items()}
+    for e in engines.values():
+        for test in WARMUP:
+            time_test(e.ctx, tokens, test, eos)
+        e.ctx.rewind(0)
+    rows: dict[str, list[dict]] = {name: [] for name in engines}
+    prev = 0
     for f in frontiers:
-        pre, gen = [], []
-        for _ in range(repeat):
-            ctx.rewind(prev)
-            t0 = time.perf_counter()
-            ctx.eval(tokens[prev:f])
-            pre.append(time.perf_counter() - t0)
-        for _ in range(repeat):
-            ctx.rewind(f - 1)  # re-evaluate the frontier's last token: a rewind drops the logits
-            ctx.eval(tokens[f - 1:f])
-            t0 = time.perf_counter()
-            decode(ctx, gen_tokens, eos)
-            gen.append(time.perf_counter() - t0)
-        ctx.rewind(f)
-        row = dict(ctx_tokens=f, prefill_tokens=f - prev,
-                   prefill_tps=round((f - prev) / statistics.median(pre), 1), gen_tokens=gen_tokens,
-                   gen_tps=round(gen_tokens / statistics.median(gen), 1), kv_bytes=f * per_pos)
-        log(f"frontier {f:5d}: prefill {row['prefill_tps']:8.1f} tok/s   decode {row['gen_tps']:7.1f} tok/s")
-        rows.append(row)
+        for name, e in engines.items():
+            rows[name].append(_frontier(e.ctx, tokens, prev, f, gen_tokens, repeat, eos, per_pos[name]))
+            r = rows[name][-1]
+            log(f"frontier {f:5d} {name:>5}: prefill {r['prefill_tps']:8.1f} tok/s   decode {r['gen_tps']:7.1f} tok/s")
         prev = f
-    ctx.rewind(0)
+    for e in engines.values():
+        e.ctx.rewind(0)
     return rows
+
+
+def _frontier(ctx, tokens: list[int], prev: int, f: int, gen_tokens: int, repeat: int, eos: list[int],
+              per_pos: int) -> dict:
+    """Time one frontier on a context that holds tokens[:prev]; leaves it holding tokens[:f]."""
+    pre, gen = [], []
+    for _ in range(repeat):
+        ctx.rewind(prev)
+        t0 = time.perf_counter()
+        ctx.eval(tokens[prev:f])
+        pre.append(time.perf_counter() - t0)
+    for _ in range(repeat):
+        ctx.rewind(f - 1)  # re-evaluate the frontier's last token: a rewind drops the logits
+        ctx.eval(tokens[f - 1:f])
+        t0 = time.perf_counter()
+        decode(ctx, gen_tokens, eos)
+        gen.append(time.perf_counter() - t0)
+    ctx.rewind(f)
+    return dict(ctx_tokens=f, prefill_tokens=f - prev,
+                prefill_tps=round((f - prev) / statistics.median(pre), 1), gen_tokens=gen_tokens,
+                gen_tps=round(gen_tokens / statistics.median(gen), 1), kv_bytes=f * per_pos)
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -75,23 +87,27 @@ def write_csv(rows: list[dict], path: Path) -> None:
         w.writerows(rows)
 
 
-def plot(rows: list[dict], path: Path, title: str) -> None:
+def plot(series: dict[str, list[dict]], path: Path, title: str) -> None:
+    """series: label -> rows, one curve each in both panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    x = [r["ctx_tokens"] for r in rows]
     fig, (top, bot) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    top.plot(x, [r["prefill_tps"] for r in rows], "o-", color="tab:blue")
+    for label, rows in series.items():
+        x = [r["ctx_tokens"] for r in rows]
+        top.plot(x, [r["prefill_tps"] for r in rows], "o-", label=label)
+        bot.plot(x, [r["gen_tps"] for r in rows], "o-", label=label)
     top.set_ylabel("prefill tok/s\n(interval to frontier)")
-    top.set_ylim(bottom=0)
-    bot.plot(x, [r["gen_tps"] for r in rows], "o-", color="tab:orange")
-    bot.set_ylabel(f"decode tok/s\n({rows[0]['gen_tokens']} tokens at frontier)")
+    first = next(iter(series.values()))
+    bot.set_ylabel(f"decode tok/s\n({first[0]['gen_tokens']} tokens at frontier)")
     bot.set_xlabel("context tokens (frontier)")
-    bot.set_ylim(bottom=0)
     for ax in (top, bot):
+        ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
+        if len(series) > 1:
+            ax.legend(title="KV cache")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -14,7 +14,8 @@ Workload (fixed; see workload.py for the test definitions and the text):
             the same GGUF files, and PyTorch eager fp32 / bf16 on the Q4_1 file's weights
             dequantized (dense speed does not depend on the source quant, so it runs once and
             every quant's ratio uses it).
-  frontier  Q4_1 at 2 threads: the text walked to 512, 1024, ... 8192 tokens (frontier.py).
+  frontier  Q4_1 at 2 threads: the text walked to 512, 1024, ... 8192 tokens (frontier.py), with
+            the f16 KV cache (the default) and the q8_0 one, interleaved frontier by frontier.
 Every repetition runs each engine once per (quant, threads), engines in a rotating order, so
 zen5 and the peers share each time window (this VM drifts 5-20% between runs minutes apart).
 Each engine block starts with a warm-up (pp64, tg8) that is never recorded. Default 5
@@ -26,7 +27,9 @@ Outputs (in --out, default bench/results; a --quick run adds "-quick" to every n
                       over the VNNI int8 peak; frac_alt: over DRAM bandwidth / fp32 FMA peak),
                       commit, steal time and the 1-minute load average at the start;
   <cpu>-roofline.csv  appended, the roofs measured in this run;
-  <cpu>-frontier.csv / .png  the latest frontier walk (columns as frontier.COLUMNS);
+  <cpu>-frontier.csv / .png  the latest frontier walk (columns as frontier.COLUMNS) with the
+                      default f16 cache; <cpu>-frontier-kv-<type>.csv the other cache types' (the
+                      plot shows every type);
   stdout              a table with zen5/peer ratios, then one JSON line with the headline.
 A full run into bench/results also regenerates the README's Performance section (report.py).
 
@@ -76,6 +79,7 @@ class BenchConfig:
     frontier_gen: int = 32
     frontier_threads: int = 2
     frontier_repeat: int = 3
+    frontier_kv: tuple[str, ...] = ("f16", "q8_0")  # KV cache types walked; the first names the main CSV
     out: str = str(ROOT / "bench" / "results")
     wait_quiet: float = 0.0        # minutes to wait for the 1-minute load average to drop
     quiet_load: float = 1.0
@@ -83,9 +87,10 @@ class BenchConfig:
 
     def __post_init__(self):
         bad = [m for m in self.modes if m not in MODES] + [q for q in self.quants if q not in QUANTS] \
-            + [p for p in self.peers if p not in ALL_PEERS]
-        if bad:
-            raise ValueError(f"unknown mode / quant / peer: {', '.join(bad)}")
+            + [p for p in self.peers if p not in ALL_PEERS] \
+            + [k for k in self.frontier_kv if k not in ("f16", "f32", "q8_0")]
+        if bad or not self.frontier_kv:
+            raise ValueError(f"unknown mode / quant / peer / KV type: {', '.join(bad) or 'no KV type'}")
         if self.repeat < 1 or self.gen < 1 or min(self.threads) < 1 or min(self.prompts) < 1:
             raise ValueError("repeat, gen, threads and prompts must be >= 1")
         if self.frontier_step < 1 or self.frontier_gen < 1 or self.frontier_repeat < 1:
@@ -143,7 +148,7 @@ class Run:
         self.steal: dict[tuple, list[int]] = {}           # (engine, quant, threads) -> [steal, total]
         self.describe: dict[tuple, tuple[str, str]] = {}  # (engine, quant, threads) -> (build, isa)
         self.roofs: dict[int, dict] = {}
-        self.frontier_rows: list[dict] = []
+        self.frontier_rows: dict[str, list[dict]] = {}  # KV cache type -> rows
         self.load_samples: list[float] = []
 
     def execute(self) -> dict:
@@ -226,9 +231,11 @@ class Run:
         cfg = self.cfg
         points = self._frontiers(zen5)
         zen5.engine("Q4_1", cfg.frontier_threads)  # loads the Q4_1 weights if not yet loaded
-        eng = Engine(zen5.weights["Q4_1"], threads=cfg.frontier_threads, ctx=points[-1] + cfg.frontier_gen)
-        self.frontier_rows = frontier_mod.walk(eng, self.tokens, points, cfg.frontier_gen,
+        engines = {kv: Engine(zen5.weights["Q4_1"], threads=cfg.frontier_threads, ctx=points[-1] + cfg.frontier_gen,
+                              kv_type=kv) for kv in cfg.frontier_kv}
+        self.frontier_rows = frontier_mod.walk(engines, self.tokens, points, cfg.frontier_gen,
                                                cfg.frontier_repeat, log=self.log)
+        eng = next(iter(engines.values()))
         self.frontier_engine = f"zen5 {eng.isa} matmul={eng.matmul}, Q4_1, {cfg.frontier_threads} threads"
 
     # ------------------------------------------------------------ results
@@ -277,17 +284,19 @@ class Run:
                 "steal_pct": round(self.steal_pct, 2), "results": results,
                 "roofline": {str(t): {k: v for k, v in roof.items() if k.endswith(("gbps", "gops", "gflops"))}
                              for t, roof in self.roofs.items()}}
-        if self.frontier_rows:
-            first, last = self.frontier_rows[0], self.frontier_rows[-1]
-            head["frontier"] = {"first_ctx": first["ctx_tokens"], "last_ctx": last["ctx_tokens"],
-                                "gen_tps_first": first["gen_tps"], "gen_tps_last": last["gen_tps"],
-                                "gen_last_over_first": round(last["gen_tps"] / first["gen_tps"], 3)}
+        for i, (kv, rows) in enumerate(self.frontier_rows.items()):
+            first, last = rows[0], rows[-1]
+            head["frontier" if i == 0 else f"frontier_kv_{kv}"] = {
+                "kv_type": kv, "first_ctx": first["ctx_tokens"], "last_ctx": last["ctx_tokens"],
+                "gen_tps_first": first["gen_tps"], "gen_tps_last": last["gen_tps"],
+                "gen_last_over_first": round(last["gen_tps"] / first["gen_tps"], 3)}
         return head
 
     def _write_frontier(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         stem = self.out / f"{self.cpu}-frontier{self.suffix}"
-        frontier_mod.write_csv(self.frontier_rows, Path(f"{stem}.csv"))
+        for i, (kv, rows) in enumerate(self.frontier_rows.items()):
+            frontier_mod.write_csv(rows, Path(f"{stem}.csv" if i == 0 else f"{stem}-kv-{kv}.csv"))
         frontier_mod.plot(self.frontier_rows, Path(f"{stem}.png"),
                           f"{self.frontier_engine}\n{self.cpu}, run {self.run_id}, commit {self.commit}")
 
@@ -365,6 +374,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frontier-gen", type=int, help=f"greedy tokens at each frontier (default {d.frontier_gen})")
     p.add_argument("--frontier-threads", type=int, help=f"default {d.frontier_threads}")
     p.add_argument("--frontier-repeat", type=int, help=f"default {d.frontier_repeat}")
+    p.add_argument("--frontier-kv", type=_csv_list(str), help=f"KV cache types (default {','.join(d.frontier_kv)})")
     p.add_argument("--out", help="results directory (default bench/results)")
     p.add_argument("--wait-quiet", type=float, metavar="MIN",
                    help="first wait up to MIN minutes for the 1-minute load average to drop below --quiet-load")

@@ -2,7 +2,8 @@
 
 Reads the latest full run (workload "full", highest run_id) from `bench/results/<cpu>-bench.csv`,
 the roofs measured in that run from `<cpu>-roofline.csv`, and the frontier walk from
-`<cpu>-frontier.csv`, and replaces everything between `<!-- bench:start -->` and
+`<cpu>-frontier.csv` (plus `<cpu>-frontier-kv-<type>.csv`, the other KV cache types of the
+same walk), and replaces everything between `<!-- bench:start -->` and
 `<!-- bench:end -->` in README.md. `python -m zen5 bench` calls it after a full run into
 bench/results; run it by hand after editing this file:
     python bench/report.py [--results DIR] [--readme README.md] [--print]
@@ -91,7 +92,8 @@ def render(results: Path) -> str:
                     f"({_fmt(float(a['gen_tps']))} tok/s); prefill of the interval ending at {b['ctx_tokens']} "
                     f"{_fmt(float(b['prefill_tps']))} tok/s vs {_fmt(float(a['prefill_tps']))} at {a['ctx_tokens']}."
                     + _frontier_bound(b, float(a["gen_tps"]), by.get(("zen5", "Q4_1", "2", "tg128")),
-                                      next((r for r in roofs if r["threads"] == "2"), None)),
+                                      next((r for r in roofs if r["threads"] == "2"), None))
+                    + "".join(_frontier_kv(p, a, b, by, roofs) for p in sorted(results.glob(f"{cpu}-frontier-kv-*.csv"))),
                 "", f"![frontier](bench/results/{fr_path.with_suffix('.png').name})"]
     return "\n".join(out)
 
@@ -110,6 +112,20 @@ def _frontier_bound(last: dict, decode_first: float, tg: dict | None, roof: dict
             f"of K/V: the run's DRAM read roof ({dram / 1e9:.1f} GB/s, 2 threads) bounds decode there at "
             f"{_fmt(cap)} tok/s ({100 * cap / decode_first:.0f}% of decode at the first frontier), and zen5 "
             f"reaches {100 * gen / cap:.0f}% of that bound.")
+
+
+def _frontier_kv(path: Path, first: dict, last: dict, by: dict, roofs: list[dict]) -> str:
+    """The same walk with another KV cache type, against the default cache's first and last rows."""
+    kv = path.stem.split("-kv-", 1)[1]
+    rows = _read(path)
+    b = rows[-1]
+    gen, first_gen = float(b["gen_tps"]), float(first["gen_tps"])
+    return (f" With the {kv} KV cache (`--kv-type {kv}`, walked in the same run, frontier by frontier with the "
+            f"default; `bench/results/{path.name}`): decode at {b['ctx_tokens']} {_fmt(gen)} tok/s, "
+            f"{gen / float(last['gen_tps']):.2f}x the default cache there and {100 * gen / first_gen:.0f}% of the "
+            f"default's decode at {first['ctx_tokens']}."
+            + _frontier_bound(b, first_gen, by.get(("zen5", "Q4_1", "2", "tg128")),
+                              next((r for r in roofs if r["threads"] == "2"), None)))
 
 
 def update_readme(results: Path | None = None, readme: Path | None = None) -> Path:

@@ -53,6 +53,7 @@ def test_quick_run_writes_csv_frontier_plot_and_json(tmp_path, smollm2_path):
     assert set(head["results"]) == {"Q4_1/1t/pp128", "Q4_1/1t/tg128", "Q4_1/2t/pp128", "Q4_1/2t/tg128"}
     assert all(v["zen5_tps"] > 0 and v["vs"] == {} for v in head["results"].values())
     assert head["frontier"]["first_ctx"] == 128 and head["frontier"]["last_ctx"] == 256
+    assert head["frontier"]["kv_type"] == "f16" and head["frontier_kv_q8_0"]["last_ctx"] == 256
 
     cpu = head["cpu"]
     header, rows = _rows(tmp_path / f"{cpu}-bench-quick.csv")
@@ -70,6 +71,10 @@ def test_quick_run_writes_csv_frontier_plot_and_json(tmp_path, smollm2_path):
     assert [int(r["prefill_tokens"]) for r in fr] == [128, 128]
     kv = [int(r["kv_bytes"]) for r in fr]
     assert kv[0] > 0 and kv[1] == 2 * kv[0]
+    # the q8_0 cache walked alongside: 68 bytes per 64 cached values instead of fp16's 128
+    _, fr8 = _rows(tmp_path / f"{cpu}-frontier-quick-kv-q8_0.csv")
+    assert [int(r["ctx_tokens"]) for r in fr8] == [128, 256]
+    assert int(fr8[0]["kv_bytes"]) * 128 == kv[0] * 68
     assert (tmp_path / f"{cpu}-frontier-quick.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(f"{cpu}-bench.csv"))  # a quick run never touches the real results
 
@@ -99,6 +104,8 @@ def test_report_renders_latest_full_run_between_markers(tmp_path):
     _fake_results(tmp_path, "2026-01-02T00:00:00", 300.0)  # the latest run wins
     with (tmp_path / "Test_CPU-frontier.csv").open("w") as fh:
         fh.write(",".join(FRONTIER_COLUMNS) + "\n512,512,900.0,32,250.0,1\n8192,512,600.0,32,80.0,234000000\n")
+    with (tmp_path / "Test_CPU-frontier-kv-q8_0.csv").open("w") as fh:
+        fh.write(",".join(FRONTIER_COLUMNS) + "\n512,512,900.0,32,240.0,1\n8192,512,600.0,32,120.0,134000000\n")
     readme = tmp_path / "README.md"
     readme.write_text("# x\n\n## Performance\n<!-- bench:start -->\nSTALE TABLE\n<!-- bench:end -->\n\n## Next\nkeep\n")
     report.update_readme(tmp_path, readme)
@@ -110,6 +117,12 @@ def test_report_renders_latest_full_run_between_markers(tmp_path):
     # 100 MB of weights + 234 MB of K/V per token at the 33.4 GB/s DRAM roof: 100 tok/s
     assert "bounds decode there at 100 tok/s (40% of decode at the first frontier), and zen5 reaches 80%" in text
     assert "int8 VNNI 1,769 GOP/s" in text
+    # the q8_0 walk: 120 tok/s = 1.50x the f16 cache's 80 and 48% of its 250 at 512; 100 + 134 MB
+    # per token at 33.4 GB/s bound it at 143 tok/s (57% of 250), reached to 84%
+    assert ("With the q8_0 KV cache (`--kv-type q8_0`, walked in the same run, frontier by frontier with the "
+            "default; `bench/results/Test_CPU-frontier-kv-q8_0.csv`): decode at 8192 120 tok/s, 1.50x the default "
+            "cache there and 48% of the default's decode at 512.") in text
+    assert "bounds decode there at 143 tok/s (57% of decode at the first frontier), and zen5 reaches 84%" in text
     report.update_readme(tmp_path, readme)
     assert readme.read_text() == text  # idempotent
 
