@@ -56,7 +56,7 @@ const Kernels& kernels_for(const std::string& isa) { return kernels_by_name(isa.
 template <typename T>
 std::vector<T> key_tiles(const T* k, int n, int kv_dim) {
     const int tiles = (n + kKeyTile - 1) / kKeyTile;
-    std::vector<T> out(size_t(tiles) * kv_dim * kKeyTile, sizeof(T) == 1 ? T(127) : sizeof(T) == 2 ? T(0x7E00) : T(NAN));
+    std::vector<T> out(size_t(tiles) * kv_dim * kKeyTile, sizeof(T) == 2 ? T(0x7E00) : T(NAN));
     copy_key_tiles(out.data(), const_cast<T*>(k), n, kv_dim, false);
     return out;
 }
@@ -158,26 +158,39 @@ void register_kernels(py::module_& m) {
         kernels_for(isa).attn_values_h(p.data(), n, nq, v.data(), v.shape(1), n, hd, out.mutable_data(), hd);
         return out;
     });
-    // The int8 cache's kernels: k / v (n, stride >= hd) int8 with one scale per position, ks / vs (n,).
+    // The q8_0 cache's kernels: k / v (n, stride >= hd) int8 rows with one scale per position,
+    // ks / vs (n,), laid out here like the cache (key_q8_index, value_q8_index; kv_dim = stride).
     using I8Array = py::array_t<int8_t, py::array::c_style>;
     m.def("kernel_attn_scores_q8", [](const std::string& isa, F32Array q, I8Array k, F32Array ks, int hd, float scale) {
-        if (k.ndim() != 2 || k.shape(1) < hd || q.size() % hd || q.size() == 0 || ks.size() != k.shape(0))
-            throw ZenError("k must be (n, stride >= hd), ks (n,), q (nq, hd)");
-        const int n = int(k.shape(0)), nq = int(q.size() / hd);
+        if (k.ndim() != 2 || k.shape(1) < hd || hd % 4 || q.size() % hd || q.size() == 0 || ks.size() != k.shape(0))
+            throw ZenError("k must be (n, stride >= hd), ks (n,), q (nq, hd), hd a multiple of 4");
+        const int n = int(k.shape(0)), nq = int(q.size() / hd), kvd = int(k.shape(1));
         py::array_t<float> out(q.ndim() == 1 ? std::vector<py::ssize_t>{n} : std::vector<py::ssize_t>{nq, n});
-        const std::vector<int8_t> tiles = key_tiles(k.data(), n, int(k.shape(1)));
-        kernels_for(isa).attn_scores_q8(q.data(), nq, tiles.data(), ks.data(), k.shape(1) * kKeyTile, n, hd, scale,
+        std::vector<uint8_t> tiles(size_t((n + kKeyTile - 1) / kKeyTile) * kvd * kKeyTile, 0xEE);
+        for (int p = 0; p < n; ++p)
+            for (int c = 0; c < kvd; ++c) tiles[key_q8_index(p, c, kvd)] = uint8_t(k.data()[size_t(p) * kvd + c] + 128);
+        kernels_for(isa).attn_scores_q8(q.data(), nq, tiles.data(), ks.data(), int64_t(kvd) * kKeyTile, n, hd, scale,
                                         out.mutable_data(), n);
         return out;
     });
     m.def("kernel_attn_values_q8", [](const std::string& isa, F32Array p, I8Array v, F32Array vs, int hd) {
-        const int n = int(v.shape(0)), nq = n ? int(p.size() / n) : 0;
-        if (v.ndim() != 2 || v.shape(1) < hd || n == 0 || p.size() != py::ssize_t(nq) * n || vs.size() != n)
+        const int n = int(v.shape(0)), nq = n ? int(p.size() / n) : 0, kvd = int(v.shape(1));
+        if (v.ndim() != 2 || kvd < hd || n == 0 || p.size() != py::ssize_t(nq) * n || vs.size() != n)
             throw ZenError("v must be (n, stride >= hd), vs (n,), p (nq, n)");
         py::array_t<float> out(p.ndim() == 1 ? std::vector<py::ssize_t>{hd} : std::vector<py::ssize_t>{nq, hd});
         std::fill(out.mutable_data(), out.mutable_data() + out.size(), 0.0f);
-        kernels_for(isa).attn_values_q8(p.data(), n, nq, v.data(), vs.data(), v.shape(1), n, hd, out.mutable_data(), hd);
+        std::vector<int8_t> quads(size_t((n + 3) / 4) * kvd * 4, int8_t(0x5A));  // the tail holds junk, as a cache may
+        for (int i = 0; i < n; ++i)
+            for (int c = 0; c < kvd; ++c) quads[value_q8_index(i, c, kvd)] = v.data()[size_t(i) * kvd + c];
+        kernels_for(isa).attn_values_q8(p.data(), n, nq, quads.data(), vs.data(), int64_t(kvd) * 4, n, hd,
+                                        out.mutable_data(), hd);
         return out;
+    });
+    m.def("kernel_quantize_s8", [](F32Array x) {
+        py::array_t<int8_t> q(x.size());
+        int32_t sum;
+        const float d = quantize_s8(x.data(), int(x.size()), q.mutable_data(), &sum);
+        return py::make_tuple(q, d, sum);
     });
     m.def("kernel_softmax", [](const std::string& isa, F32Array x) {
         py::array_t<float> out(x.size());

@@ -31,20 +31,6 @@ struct SnapshotHeader {
     uint32_t kv_type;      // KvType of the rows
 };
 
-// Quantizes hd values to int8 with one scale (max |x| / 127, round to nearest even): the
-// same code for every kernel table, so both ISAs cache the same bytes.
-float quantize_q8(const float* x, int hd, int8_t* q) {
-    float amax = 0.0f;
-    for (int i = 0; i < hd; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    for (int i = 0; i < hd; ++i) {
-        // adding and removing 1.5 x 2^23 rounds to nearest even (|x id| <= 127 + rounding)
-        // without a libm call, so the loop vectorizes on the baseline ISA
-        const float r = (x[i] * id + 12582912.0f) - 12582912.0f;
-        q[i] = int8_t(std::min(127.0f, std::max(-127.0f, r)));
-    }
-    return d;
-}
 }  // namespace
 
 KvType kv_type_from_name(const std::string& name) {
@@ -220,13 +206,16 @@ void Context::store_kv(int layer, int pos, const float* k, const float* v) {
     uint8_t* K = const_cast<uint8_t*>(kv_layer(kcache_, layer));
     uint8_t* V = const_cast<uint8_t*>(kv_layer(vcache_, layer)) + size_t(pos) * KV * kv_elem_;
     const size_t k0 = key_index(pos, 0);
-    if (kv_ == KvType::Q8_0) {
+    if (kv_ == KvType::Q8_0) {  // key_q8_index / value_q8_index layouts (kernels.h)
         const int hd = model_->cfg.head_dim;
-        int8_t q[256];
+        int8_t q[512];
+        int32_t sum;
+        uint8_t* V8 = const_cast<uint8_t*>(kv_layer(vcache_, layer));
         for (int h = 0; h < model_->cfg.n_head_kv; ++h) {
-            vscale_[scale_index(layer, h) + pos] = quantize_q8(v + h * hd, hd, reinterpret_cast<int8_t*>(V) + h * hd);
-            kscale_[scale_index(layer, h) + pos] = quantize_q8(k + h * hd, hd, q);
-            for (int i = 0; i < hd; ++i) reinterpret_cast<int8_t*>(K)[k0 + size_t(h * hd + i) * kKeyTile] = q[i];
+            vscale_[scale_index(layer, h) + pos] = quantize_s8(v + h * hd, hd, q, &sum);
+            for (int i = 0; i < hd; ++i) V8[value_q8_index(pos, h * hd + i, KV)] = uint8_t(q[i]);
+            kscale_[scale_index(layer, h) + pos] = quantize_s8(k + h * hd, hd, q, &sum);
+            for (int i = 0; i < hd; ++i) K[key_q8_index(pos, h * hd + i, KV)] = uint8_t(q[i] + 128);
         }
     } else if (kv_ == KvType::F16) {
         k_.to_f16(v, KV, reinterpret_cast<uint16_t*>(V));
@@ -268,17 +257,17 @@ void Context::attention(int layer, int n) {
     auto scores = [&](const float* q, int nq, int kvh, int p0, int cnt, float* out) {  // p0: tile aligned
         const size_t off = key_index(p0, kvh * hd);
         if (h16) k_.attn_scores_h(q, nq, reinterpret_cast<const uint16_t*>(K) + off, tstride, cnt, hd, scale, out, lds);
-        else if (q8)
-            k_.attn_scores_q8(q, nq, reinterpret_cast<const int8_t*>(K) + off, kscale_.data() + scale_index(layer, kvh) + p0,
-                              tstride, cnt, hd, scale, out, lds);
+        else if (q8)  // same offset: a tile-aligned position and a head's first channel
+            k_.attn_scores_q8(q, nq, K + off, kscale_.data() + scale_index(layer, kvh) + p0, tstride, cnt, hd, scale,
+                              out, lds);
         else k_.attn_scores(q, nq, reinterpret_cast<const float*>(K) + off, tstride, cnt, hd, scale, out, lds);
     };
     auto values = [&](const float* p, int nq, int kvh, int p0, int cnt, float* out) {
         const size_t off = size_t(p0) * kvd + kvh * hd;
         if (h16) k_.attn_values_h(p, lds, nq, reinterpret_cast<const uint16_t*>(V) + off, kvd, cnt, hd, out, ldp);
-        else if (q8)
-            k_.attn_values_q8(p, lds, nq, reinterpret_cast<const int8_t*>(V) + off, vscale_.data() + scale_index(layer, kvh) + p0,
-                              kvd, cnt, hd, out, ldp);
+        else if (q8)  // p0 is a multiple of 32 (below)
+            k_.attn_values_q8(p, lds, nq, reinterpret_cast<const int8_t*>(V) + value_q8_index(p0, kvh * hd, kvd),
+                              vscale_.data() + scale_index(layer, kvh) + p0, int64_t(kvd) * 4, cnt, hd, out, ldp);
         else k_.attn_values(p, lds, nq, reinterpret_cast<const float*>(V) + off, kvd, cnt, hd, out, ldp);
     };
     auto len_of = [&](int t) { return n_past_ + t + 1; };  // positions token t attends to
@@ -297,7 +286,10 @@ void Context::attention(int layer, int n) {
         const int c0 = split * kSplit, c1 = std::min(c0 + kSplit, len_of(t1 - 1));
         if (c0 >= c1) return;  // no token of this unit reaches this split
         auto cnt_of = [&](int t) { return std::min(len_of(t), c1) - c0; };  // <= 0: t ends before c0
-        const int common = std::max(0, cnt_of(t0));  // positions every token of the unit sees
+        // positions every token of the unit sees; q8_0 values quantize the weights per 32
+        // positions, so there the shared call stops at a multiple of 32 (the tokens' own calls
+        // then start on a block, and a token's blocks are the same as when it runs alone)
+        const int common = q8 ? std::max(0, cnt_of(t0)) / 32 * 32 : std::max(0, cnt_of(t0));
         float* S = scores_.data() + size_t(thread) * tb * c.n_head * kSplit;  // (n_head_kv, tb x group, kSplit)
         float* Qg = qg_.data() + size_t(thread) * tb * group * hd;
         auto srow = [&](int kvh, int t) { return S + (size_t(kvh) * tb + (t - t0)) * group * kSplit; };
@@ -415,16 +407,33 @@ void Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
         std::memcpy(logits_.data(), all_logits + size_t(n - 1) * c.vocab_size, sizeof(float) * c.vocab_size);
 }
 
-void Context::copy_keys(int layer, char* rows, bool to_rows) const {
-    // A snapshot stores K as plain (n_past, kv_dim) rows, like V: the file does not depend on
-    // the cache's tile layout, and holds nothing of the positions past n_past.
+void Context::copy_rows(int layer, char* krows, char* vrows, bool to_rows) const {
+    // A snapshot stores K and V as plain (n_past, kv_dim) rows (q8_0: signed bytes): the file
+    // does not depend on the cache's layouts, and holds nothing of the positions past n_past.
+    const int KV = model_->cfg.kv_dim();
     uint8_t* K = const_cast<uint8_t*>(kv_layer(kcache_, layer));
-    if (kv_elem_ == 1)
-        copy_key_tiles(reinterpret_cast<int8_t*>(K), reinterpret_cast<int8_t*>(rows), n_past_, model_->cfg.kv_dim(), to_rows);
-    else if (kv_elem_ == 2)
-        copy_key_tiles(reinterpret_cast<uint16_t*>(K), reinterpret_cast<uint16_t*>(rows), n_past_, model_->cfg.kv_dim(), to_rows);
+    uint8_t* V = const_cast<uint8_t*>(kv_layer(vcache_, layer));
+    const size_t bytes = size_t(n_past_) * KV * kv_elem_;
+    if (kv_ != KvType::Q8_0) {
+        if (to_rows) std::memcpy(vrows, V, bytes);
+        else std::memcpy(V, vrows, bytes);
+    }
+    if (kv_ == KvType::Q8_0) {
+        auto* kr = reinterpret_cast<int8_t*>(krows);
+        auto* vr = reinterpret_cast<int8_t*>(vrows);
+        for (int p = 0; p < n_past_; ++p)
+            for (int c = 0; c < KV; ++c) {
+                uint8_t& kb = K[key_q8_index(p, c, KV)];
+                uint8_t& vb = V[value_q8_index(p, c, KV)];
+                int8_t& kx = kr[size_t(p) * KV + c];
+                int8_t& vx = vr[size_t(p) * KV + c];
+                if (to_rows) kx = int8_t(kb - 128), vx = int8_t(vb);
+                else kb = uint8_t(kx + 128), vb = uint8_t(vx);
+            }
+    } else if (kv_elem_ == 2)
+        copy_key_tiles(reinterpret_cast<uint16_t*>(K), reinterpret_cast<uint16_t*>(krows), n_past_, KV, to_rows);
     else
-        copy_key_tiles(reinterpret_cast<float*>(K), reinterpret_cast<float*>(rows), n_past_, model_->cfg.kv_dim(), to_rows);
+        copy_key_tiles(reinterpret_cast<float*>(K), reinterpret_cast<float*>(krows), n_past_, KV, to_rows);
 }
 
 std::string Context::snapshot() const {
@@ -452,9 +461,8 @@ std::string Context::snapshot() const {
     };
     for (int l = 0; l < c.n_layer; ++l) {  // K rows then V rows, (n_past, kv_dim) each
         const size_t at = out.size();
-        out.resize(at + rows);
-        copy_keys(l, &out[at], true);
-        out.append(reinterpret_cast<const char*>(kv_layer(vcache_, l)), rows);
+        out.resize(at + 2 * rows);
+        copy_rows(l, &out[at], &out[at + rows], true);
         if (kv_ == KvType::Q8_0) append_scales(kscale_, l), append_scales(vscale_, l);
     }
     out.append(reinterpret_cast<const char*>(logits_.data()), logits_.size() * 4);
@@ -495,10 +503,9 @@ void Context::restore(const std::string& blob) {
     if (sum != hash_bytes(blob.data(), blob.size() - 8, 42)) throw BadSnapshot("snapshot checksum mismatch (corrupted)");
 
     const char* p = blob.data() + sizeof h;
-    n_past_ = int(h.n_past);  // copy_keys reads it
+    n_past_ = int(h.n_past);  // copy_rows reads it
     for (int l = 0; l < c.n_layer; ++l) {
-        copy_keys(l, const_cast<char*>(p), false), p += rows;
-        std::memcpy(const_cast<uint8_t*>(kv_layer(vcache_, l)), p, rows), p += rows;
+        copy_rows(l, const_cast<char*>(p), const_cast<char*>(p + rows), false), p += 2 * rows;
         if (kv_ == KvType::Q8_0)
             for (std::vector<float>* s : {&kscale_, &vscale_})
                 for (int kvh = 0; kvh < c.n_head_kv; ++kvh)

@@ -68,8 +68,9 @@ class Context {
     bool logits_valid_ = false;
     bool int8_;
     // Per layer, n_rows_ positions of kv_dim values of type kv_. V is (n_rows, kv_dim) rows; K
-    // is in transposed tiles of kKeyTile positions (kernels.h). For q8_0 the scales are per
-    // layer (n_head_kv, n_rows): a head's scales are one contiguous stream in position order.
+    // is in transposed tiles of kKeyTile positions (kernels.h). q8_0 has its own layouts for
+    // vpdpbusd (kernels.h, key_q8_index) and its scales per layer (n_head_kv, n_rows): a head's
+    // scales are one contiguous stream in position order.
     KvType kv_;
     AlignedBytes kcache_, vcache_;
     std::vector<float> kscale_, vscale_;
@@ -82,7 +83,8 @@ class Context {
         return key_tile_index(pos, channel, model_->cfg.kv_dim());
     }
     void store_kv(int layer, int pos, const float* k, const float* v);
-    void copy_keys(int layer, char* rows, bool to_rows) const;  // K tiles <-> (n_past, kv_dim) rows
+    // the cache's K and V layouts <-> (n_past, kv_dim) rows each
+    void copy_rows(int layer, char* krows, char* vrows, bool to_rows) const;
     size_t scale_index(int layer, int head) const {  // of (layer, head, position 0) in kscale_ / vscale_
         return (size_t(layer) * model_->cfg.n_head_kv + head) * n_rows_;
     }

@@ -94,6 +94,25 @@ void copy_key_tiles(T* tiles, T* rows, int n, int kv_dim, bool to_rows) {
     }
 }
 
+// The q8_0 KV cache (kv type q8_0) keeps each position's hd values of a kv head as int8 with one
+// fp32 scale (quantize_s8), laid out for vpdpbusd, which sums 4 byte products per 32-bit lane:
+//  K: tiles of kKeyTile positions like the float caches (a tile is kv_dim x 16 bytes), but inside
+//     a tile the channels come in quads, so a lane (a position) holds 4 consecutive channels:
+//     channel c of position p is byte (c / 4) * 64 + (p % 16) * 4 + c % 4 of its tile. Keys are
+//     stored unsigned, k + 128 (vpdpbusd's unsigned operand; the query is the signed one).
+//  V: quads of 4 positions, so a lane (an output channel) holds 4 consecutive positions:
+//     channel c of position p is byte (p / 4) * kv_dim * 4 + c * 4 + p % 4, signed.
+inline size_t key_q8_index(int64_t pos, int64_t channel, int64_t kv_dim) {
+    return size_t((pos / kKeyTile) * kv_dim * kKeyTile + (channel / 4) * 64 + (pos % kKeyTile) * 4 + channel % 4);
+}
+inline size_t value_q8_index(int64_t pos, int64_t channel, int64_t kv_dim) {
+    return size_t((pos / 4) * kv_dim * 4 + channel * 4 + pos % 4);
+}
+// q[0:n] = round(x / d) with d = max|x| / 127 (round half to even; all zero when x is); returns
+// d and sets *sum = sum of q. One definition (kernels_ref.cpp, no FMA contraction) serves the
+// cache store and both kernel tables, so every path quantizes to the same bytes.
+float quantize_s8(const float* x, int n, int8_t* q, int32_t* sum);
+
 struct Kernels {
     const char* name;
     // y[t*ldy + r] = dot(W[r, :], x[t*ldx : t*ldx + cols]) for r in [r0, r1), t in [0, n).
@@ -142,14 +161,22 @@ struct Kernels {
     // over [a, n) gives the same bits as one call over [0, n).
     void (*attn_values)(const float* p, int64_t ldp, int nq, const float* v, int64_t stride, int n, int hd,
                         float* out, int64_t ldo);
-    // The two attention kernels over an int8 cache (KV type q8_0): each position's hd values of a
-    // head are int8 with one fp32 scale, ks[i] / vs[i] for position i (a head's scales are
-    // contiguous in position order). Same orders and guarantees as the float versions:
-    //   out[j*ldo + i] = ((sum over d, in order, of q[j][d] * float(k_i[d])) * ks[i]) * scale
-    //   out[j*ldo + 0:hd] += sum over i, in order, of (p[j*ldp + i] * vs[i]) * float(v_i[0:hd])
-    void (*attn_scores_q8)(const float* q, int nq, const int8_t* k, const float* ks, int64_t tstride, int n,
+    // The two attention kernels over the q8_0 cache (layout above key_q8_index): integer dot
+    // products (vpdpbusd), then the scales.
+    // attn_scores_q8: each query is quantized with quantize_s8 (q8, scale dq, sum s), then
+    //   out[j*ldo + i] = (float(sum over d of uk_i[d] * q8[j][d] - 128 s) * ks[i]) * (dq * scale)
+    //   with uk the stored (unsigned, k + 128) key bytes; k points at the head's first channel in
+    //   the tile of position 0, tstride bytes between tiles.
+    // attn_values_q8: positions in blocks of 32 from the first; per block and query the weights
+    //   w_i = p[j*ldp + i] * vs[i] are quantized to u8 (d = max w / 255, u = round(w / d)), then
+    //   out[j*ldo + c] = out[j*ldo + c] + float(sum over the block of u_i * v_i[c]) * d, block by
+    //   block. v points at the head's first channel in the quad of position 0 (a multiple of 4),
+    //   qstride bytes between quads. A call over [0, a) then [a, n) with a % 32 == 0 gives the
+    //   same bits as one call over [0, n), and a query's bits never depend on the others.
+    // Both ISAs compute the same bits (the same integer sums, the float steps in the same order).
+    void (*attn_scores_q8)(const float* q, int nq, const uint8_t* k, const float* ks, int64_t tstride, int n,
                            int hd, float scale, float* out, int64_t ldo);
-    void (*attn_values_q8)(const float* p, int64_t ldp, int nq, const int8_t* v, const float* vs, int64_t stride,
+    void (*attn_values_q8)(const float* p, int64_t ldp, int nq, const int8_t* v, const float* vs, int64_t qstride,
                            int n, int hd, float* out, int64_t ldo);
 };
 

@@ -372,7 +372,6 @@ void swiglu_avx512(const float* g, const float* u, int64_t n, float* out) {
 // 16 cache values from fp32 or fp16 rows; lanes outside m are zero
 inline __m512 load_kv(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 inline __m512 load_kv(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
-inline __m512 load_kv(const int8_t* p, __mmask16 m) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p))); }
 
 // Long-context attention is bound by reading the cache, and a head's data is not one stream (its
 // key tiles are kv_dim x 16 values apart, its value rows kv_dim values apart), which the hardware
@@ -387,7 +386,6 @@ inline void prefetch_bytes(const void* p, size_t bytes) {
 // 16 positions of one key channel (a tile row)
 inline __m512 load_tile_row(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load_tile_row(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
-inline __m512 load_tile_row(const int8_t* p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p))); }
 
 // Scores of G queries (q: (hd, G), channel-major, so one pointer with constant offsets reaches
 // them all) against the 16 x R positions of R consecutive key tiles (tile i0 / 16 on):
@@ -397,7 +395,7 @@ inline __m512 load_tile_row(const int8_t* p) { return _mm512_cvtepi32_ps(_mm512_
 // with R = 1 the broadcast is the FMA's memory operand and takes no register.
 template <typename T, int G, int R>
 inline void score_tiles(const float* q, int hd, const T* k, int64_t tstride, float scale, float* out, int64_t ldo,
-                        int i0, int n, const float* ks) {
+                        int i0, int n) {
     __m512 a[G][R];
 #pragma GCC unroll 24
     for (int g = 0; g < G; ++g)
@@ -405,7 +403,7 @@ inline void score_tiles(const float* q, int hd, const T* k, int64_t tstride, flo
     // the tiles kTilesAhead further, a line at a time as the channels advance (a burst of
     // prefetches at the start of a pass filled the line-fill buffers and stalled the loop)
     const char* ahead = reinterpret_cast<const char*>(k + kTilesAhead * tstride);
-    constexpr int kRowBytes = kKeyTile * sizeof(T);  // one channel of a tile: 16, 32 or 64 bytes
+    constexpr int kRowBytes = kKeyTile * sizeof(T);  // one channel of a tile: 32 or 64 bytes
 #pragma GCC unroll 2
     for (int d = 0; d < hd; ++d) {
         if ((d * kRowBytes) % 64 == 0)
@@ -422,11 +420,6 @@ inline void score_tiles(const float* q, int hd, const T* k, int64_t tstride, flo
         const int i = i0 + r * kKeyTile;
         if (i >= n) break;
         const __mmask16 m = tail_mask(n - i);
-        if constexpr (sizeof(T) == 1) {  // int8 keys: the positions' scales, then the common one
-            const __m512 kd = _mm512_maskz_loadu_ps(m, ks + i);
-#pragma GCC unroll 24
-            for (int g = 0; g < G; ++g) a[g][r] = _mm512_mul_ps(a[g][r], kd);
-        }
 #pragma GCC unroll 24
         for (int g = 0; g < G; ++g) _mm512_mask_storeu_ps(out + g * ldo + i, m, _mm512_mul_ps(a[g][r], s));
     }
@@ -435,16 +428,16 @@ inline void score_tiles(const float* q, int hd, const T* k, int64_t tstride, flo
 // `left` tiles from tile t for G queries: R at a time, then the rest with smaller R.
 template <typename T, int G, int R>
 void score_run(const float* q, int hd, const T* k, int64_t tstride, float scale, float* out, int64_t ldo, int t,
-               int left, int n, const float* ks) {
+               int left, int n) {
     for (; left >= R; t += R, left -= R)
-        score_tiles<T, G, R>(q, hd, k + t * tstride, tstride, scale, out, ldo, t * kKeyTile, n, ks);
+        score_tiles<T, G, R>(q, hd, k + t * tstride, tstride, scale, out, ldo, t * kKeyTile, n);
     if constexpr (R > 1)
-        if (left > 0) score_run<T, G, R / 2>(q, hd, k, tstride, scale, out, ldo, t, left, n, ks);
+        if (left > 0) score_run<T, G, R / 2>(q, hd, k, tstride, scale, out, ldo, t, left, n);
 }
 
 template <typename T>
 void attn_scores_t(const float* q, int nq, const T* k, int64_t tstride, int n, int hd, float scale, float* out,
-                   int64_t ldo, const float* ks = nullptr) {
+                   int64_t ldo) {
     // Passes of 8 tiles, queries inner: a pass's tiles stay in L1 while every query uses them.
     // Only the grouping depends on nq; each score's arithmetic does not.
     constexpr int kPass = 8;
@@ -466,12 +459,12 @@ void attn_scores_t(const float* q, int nq, const T* k, int64_t tstride, int n, i
             const int g = group_of(j);
             const float* qj = qt.data() + size_t(j) * hd;
             float* oj = out + j * ldo;
-            if (g == 24) score_run<T, 24, 1>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n, ks);
-            else if (g == 12) score_run<T, 12, 1>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n, ks);
-            else if (g == 6) score_run<T, 6, 3>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n, ks);
-            else if (g == 3) score_run<T, 3, 8>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n, ks);
-            else if (g == 2) score_run<T, 2, 8>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n, ks);
-            else score_run<T, 1, 8>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n, ks);
+            if (g == 24) score_run<T, 24, 1>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
+            else if (g == 12) score_run<T, 12, 1>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
+            else if (g == 6) score_run<T, 6, 3>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
+            else if (g == 3) score_run<T, 3, 8>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
+            else if (g == 2) score_run<T, 2, 8>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
+            else score_run<T, 1, 8>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
             j += g;
         }
     }
@@ -484,10 +477,6 @@ void attn_scores_avx512(const float* q, int nq, const float* k, int64_t tstride,
 void attn_scores_h_avx512(const float* q, int nq, const uint16_t* k, int64_t tstride, int n, int hd, float scale,
                           float* out, int64_t ldo) {
     attn_scores_t(q, nq, k, tstride, n, hd, scale, out, ldo);
-}
-void attn_scores_q8_avx512(const float* q, int nq, const int8_t* k, const float* ks, int64_t tstride, int n, int hd,
-                           float scale, float* out, int64_t ldo) {
-    attn_scores_t(q, nq, k, tstride, n, hd, scale, out, ldo, ks);
 }
 
 float softmax_partial_avx512(float* x, int n, float* max) {
@@ -525,8 +514,7 @@ float softmax_partial_avx512(float* x, int n, float* max) {
 // all of them; one chain per output value, in position order, whatever G is. HD > 0 fixes the
 // head size (64: no run-time lane checks in the loop); the arithmetic is the same either way.
 template <typename T, int G, int HD>
-void values_group(const float* p, int64_t ldp, const T* v, int64_t stride, int n, int hd_, float* out, int64_t ldo,
-                  const float* vs) {
+void values_group(const float* p, int64_t ldp, const T* v, int64_t stride, int n, int hd_, float* out, int64_t ldo) {
     const int hd = HD ? HD : hd_;
     for (int d0 = 0; d0 < hd; d0 += 64) {  // up to 64 output lanes stay in registers
         const int w = hd - d0 < 64 ? hd - d0 : 64;
@@ -549,8 +537,7 @@ void values_group(const float* p, int64_t ldp, const T* v, int64_t stride, int n
                 if (16 * j < w) vv[j] = HD ? load_kv(vi + 16 * j, __mmask16(0xFFFF)) : load_kv(vi + 16 * j, m[j]);
 #pragma GCC unroll 8  // left to itself GCC kept the loops rolled, accumulators in memory
             for (int g = 0; g < G; ++g) {
-                // int8 rows: the row's scale joins the weight (one scalar multiply per row and query)
-                const __m512 pg = _mm512_set1_ps(sizeof(T) == 1 ? p[g * ldp + i] * vs[i] : p[g * ldp + i]);
+                const __m512 pg = _mm512_set1_ps(p[g * ldp + i]);
 #pragma GCC unroll 4
                 for (int j = 0; j < 4; ++j)
                     if (16 * j < w) acc[g][j] = _mm512_fmadd_ps(pg, vv[j], acc[g][j]);
@@ -565,15 +552,14 @@ void values_group(const float* p, int64_t ldp, const T* v, int64_t stride, int n
 }
 
 template <typename T, int G>
-void values_group(const float* p, int64_t ldp, const T* v, int64_t stride, int n, int hd, float* out, int64_t ldo,
-                  const float* vs) {
-    if (hd == 64) values_group<T, G, 64>(p, ldp, v, stride, n, hd, out, ldo, vs);
-    else values_group<T, G, 0>(p, ldp, v, stride, n, hd, out, ldo, vs);
+void values_group(const float* p, int64_t ldp, const T* v, int64_t stride, int n, int hd, float* out, int64_t ldo) {
+    if (hd == 64) values_group<T, G, 64>(p, ldp, v, stride, n, hd, out, ldo);
+    else values_group<T, G, 0>(p, ldp, v, stride, n, hd, out, ldo);
 }
 
 template <typename T>
 void attn_values_t(const float* p, int64_t ldp, int nq, const T* v, int64_t stride, int n, int hd, float* out,
-                   int64_t ldo, const float* vs = nullptr) {
+                   int64_t ldo) {
     // Blocks of 32 rows, queries in groups of up to 6 (24 accumulators) inner: a block stays in
     // L1 while every group uses it. The partial sums go through `out` between blocks (exact).
     // (Widening an fp16 block to fp32 once for all groups measured slower: the conversions are
@@ -586,11 +572,11 @@ void attn_values_t(const float* p, int64_t ldp, int nq, const T* v, int64_t stri
             const int g = nq - j >= 6 ? 6 : nq - j >= 4 ? 4 : nq - j;
             const float* pj = p + j * ldp + i0;
             float* oj = out + j * ldo;
-            if (g == 6) values_group<T, 6>(pj, ldp, vb, stride, cnt, hd, oj, ldo, vs ? vs + i0 : nullptr);
-            else if (g == 4) values_group<T, 4>(pj, ldp, vb, stride, cnt, hd, oj, ldo, vs ? vs + i0 : nullptr);
-            else if (g == 3) values_group<T, 3>(pj, ldp, vb, stride, cnt, hd, oj, ldo, vs ? vs + i0 : nullptr);
-            else if (g == 2) values_group<T, 2>(pj, ldp, vb, stride, cnt, hd, oj, ldo, vs ? vs + i0 : nullptr);
-            else values_group<T, 1>(pj, ldp, vb, stride, cnt, hd, oj, ldo, vs ? vs + i0 : nullptr);
+            if (g == 6) values_group<T, 6>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
+            else if (g == 4) values_group<T, 4>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
+            else if (g == 3) values_group<T, 3>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
+            else if (g == 2) values_group<T, 2>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
+            else values_group<T, 1>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
             j += g;
         }
     }
@@ -604,9 +590,172 @@ void attn_values_h_avx512(const float* p, int64_t ldp, int nq, const uint16_t* v
                           float* out, int64_t ldo) {
     attn_values_t(p, ldp, nq, v, stride, n, hd, out, ldo);
 }
-void attn_values_q8_avx512(const float* p, int64_t ldp, int nq, const int8_t* v, const float* vs, int64_t stride,
+
+// ---- the q8_0 cache (kernels.h: key_q8_index, value_q8_index) ------------------------------
+// Scores of G quantized queries (qq: (G, hd / 4) dwords of 4 int8 channels; corr: 128 x their
+// sums; qc: dq x scale) against R key tiles: one vpdpbusd per (query, tile, channel quad), the
+// tile's 64 bytes loaded once for all queries and the query's dword broadcast from memory.
+template <int G, int R>
+inline void score_tiles_q8(const int32_t* qq, const int32_t* corr, const float* qc, int hd, const uint8_t* k,
+                           int64_t tstride, float* out, int64_t ldo, int i0, int n, const float* ks) {
+    __m512i a[G][R];
+#pragma GCC unroll 24
+    for (int g = 0; g < G; ++g)
+        for (int r = 0; r < R; ++r) a[g][r] = _mm512_setzero_si512();
+    const char* ahead = reinterpret_cast<const char*>(k + kTilesAhead * tstride);
+    const int quads = hd / 4;
+#pragma GCC unroll 2
+    for (int c = 0; c < quads; ++c) {
+        for (int r = 0; r < R; ++r) _mm_prefetch(ahead + r * tstride + c * 64, _MM_HINT_T1);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+            const __m512i kv = _mm512_loadu_si512(k + r * tstride + c * 64);
+#pragma GCC unroll 24
+            for (int g = 0; g < G; ++g) a[g][r] = _mm512_dpbusd_epi32(a[g][r], kv, _mm512_set1_epi32(qq[g * quads + c]));
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        const int i = i0 + r * kKeyTile;
+        if (i >= n) break;
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 kd = _mm512_maskz_loadu_ps(m, ks + i);
+#pragma GCC unroll 24
+        for (int g = 0; g < G; ++g) {
+            const __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(a[g][r], _mm512_set1_epi32(corr[g])));
+            _mm512_mask_storeu_ps(out + g * ldo + i, m, _mm512_mul_ps(_mm512_mul_ps(s, kd), _mm512_set1_ps(qc[g])));
+        }
+    }
+}
+
+template <int G, int R>
+void score_run_q8(const int32_t* qq, const int32_t* corr, const float* qc, int hd, const uint8_t* k,
+                  int64_t tstride, float* out, int64_t ldo, int t, int left, int n, const float* ks) {
+    for (; left >= R; t += R, left -= R)
+        score_tiles_q8<G, R>(qq, corr, qc, hd, k + t * tstride, tstride, out, ldo, t * kKeyTile, n, ks);
+    if constexpr (R > 1)
+        if (left > 0) score_run_q8<G, R / 2>(qq, corr, qc, hd, k, tstride, out, ldo, t, left, n, ks);
+}
+
+void attn_scores_q8_avx512(const float* q, int nq, const uint8_t* k, const float* ks, int64_t tstride, int n,
+                           int hd, float scale, float* out, int64_t ldo) {
+    // The float kernel's passes and query groups (attn_scores_t), over quantized queries.
+    constexpr int kPass = 8;
+    auto group_of = [nq](int j) {
+        const int left = nq - j;
+        return left >= 24 ? 24 : left >= 12 ? 12 : left >= 6 ? 6 : left >= 3 ? 3 : left;
+    };
+    const int quads = hd / 4;
+    thread_local std::vector<int32_t> qq, corr;
+    thread_local std::vector<float> qc;
+    qq.resize(size_t(nq) * quads);
+    corr.resize(nq);
+    qc.resize(nq);
+    for (int j = 0; j < nq; ++j) {
+        int32_t sum;
+        qc[j] = quantize_s8(q + j * hd, hd, reinterpret_cast<int8_t*>(qq.data() + size_t(j) * quads), &sum) * scale;
+        corr[j] = 128 * sum;
+    }
+    const int tiles = (n + kKeyTile - 1) / kKeyTile;
+    for (int t0 = 0; t0 < tiles; t0 += kPass) {
+        const int cnt = std::min(kPass, tiles - t0);
+        for (int j = 0; j < nq;) {
+            const int g = group_of(j);
+            const int32_t *qj = qq.data() + size_t(j) * quads, *cj = corr.data() + j;
+            const float* sj = qc.data() + j;
+            float* oj = out + j * ldo;
+            if (g == 24) score_run_q8<24, 1>(qj, cj, sj, hd, k, tstride, oj, ldo, t0, cnt, n, ks);
+            else if (g == 12) score_run_q8<12, 1>(qj, cj, sj, hd, k, tstride, oj, ldo, t0, cnt, n, ks);
+            else if (g == 6) score_run_q8<6, 3>(qj, cj, sj, hd, k, tstride, oj, ldo, t0, cnt, n, ks);
+            else if (g == 3) score_run_q8<3, 8>(qj, cj, sj, hd, k, tstride, oj, ldo, t0, cnt, n, ks);
+            else if (g == 2) score_run_q8<2, 8>(qj, cj, sj, hd, k, tstride, oj, ldo, t0, cnt, n, ks);
+            else score_run_q8<1, 8>(qj, cj, sj, hd, k, tstride, oj, ldo, t0, cnt, n, ks);
+            j += g;
+        }
+    }
+}
+
+// One block of up to 32 positions for G queries: the weights p x vs quantized to u8 per query,
+// then per quad of positions one vpdpbusd per (query, 16 output channels); the integer sums are
+// scaled into out once per block.
+template <int G>
+void values_block_q8(const float* p, int64_t ldp, const int8_t* v, const float* vs, int64_t qstride, int n, int hd,
+                     float* out, int64_t ldo) {
+    alignas(64) uint8_t u[G][32];
+    float d[G];
+    const __mmask16 m0 = tail_mask(n), m1 = tail_mask(n - 16);
+    const __m512 s0 = _mm512_maskz_loadu_ps(m0, vs), s1 = _mm512_maskz_loadu_ps(m1, vs + 16);
+    for (int g = 0; g < G; ++g) {
+        const __m512 w0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m0, p + g * ldp), s0);
+        const __m512 w1 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, p + g * ldp + 16), s1);
+        const float mx = _mm512_reduce_max_ps(_mm512_max_ps(w0, w1));
+        d[g] = mx / 255.0f;
+        const __m512 id = _mm512_set1_ps(d[g] != 0.0f ? 1.0f / d[g] : 0.0f);
+        const __m512i c255 = _mm512_set1_epi32(255);
+        _mm_store_si128((__m128i*)u[g], _mm512_cvtepi32_epi8(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(w0, id)), c255)));
+        _mm_store_si128((__m128i*)(u[g] + 16), _mm512_cvtepi32_epi8(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(w1, id)), c255)));
+    }
+    const int quads = (n + 3) / 4;
+    for (int d0 = 0; d0 < hd; d0 += 64) {  // up to 64 output channels (4 zmm of lanes) at a time
+        const int w = hd - d0 < 64 ? hd - d0 : 64;
+        __m512i acc[G][4];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; ++j) acc[g][j] = _mm512_setzero_si512();
+        for (int qd = 0; qd < quads; ++qd) {
+            const int8_t* vq = v + qd * qstride + d0 * 4;
+            if (d0 == 0) prefetch_bytes(vq + 16 * qstride, size_t(hd) * 4);  // 64 positions ahead, as attn_values
+            __m512i pb[G];
+#pragma GCC unroll 4
+            for (int g = 0; g < G; ++g) {
+                int32_t four;  // the query's weights of the quad's 4 positions
+                std::memcpy(&four, u[g] + 4 * qd, 4);
+                pb[g] = _mm512_set1_epi32(four);
+            }
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; ++j) {
+                if (16 * j >= w) break;
+                const __m512i vv = _mm512_maskz_loadu_epi32(tail_mask(w - 16 * j), vq + 64 * j);
+#pragma GCC unroll 4
+                for (int g = 0; g < G; ++g) acc[g][j] = _mm512_dpbusd_epi32(acc[g][j], pb[g], vv);
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) {
+            const __m512 dg = _mm512_set1_ps(d[g]);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; ++j) {
+                if (16 * j >= w) break;
+                const __mmask16 m = tail_mask(w - 16 * j);
+                float* o = out + g * ldo + d0 + 16 * j;
+                // a separate multiply and add, as the spec says: the explicitly rounded add
+                // keeps GCC from contracting the two into an FMA (the bits must equal ref's)
+                constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+                const __m512 x = _mm512_mul_round_ps(_mm512_cvtepi32_ps(acc[g][j]), dg, kRound);
+                _mm512_mask_storeu_ps(o, m, _mm512_add_round_ps(_mm512_maskz_loadu_ps(m, o), x, kRound));
+            }
+        }
+    }
+}
+
+void attn_values_q8_avx512(const float* p, int64_t ldp, int nq, const int8_t* v, const float* vs, int64_t qstride,
                            int n, int hd, float* out, int64_t ldo) {
-    attn_values_t(p, ldp, nq, v, stride, n, hd, out, ldo, vs);
+    // Blocks of 32 positions (8 quads: 32 x hd bytes stay in L1 while every group uses them),
+    // queries in groups of up to 4 (16 accumulators, 4 broadcasts and a value vector in registers).
+    for (int b = 0; b < n; b += 32) {
+        const int cnt = std::min(32, n - b);
+        const int8_t* vb = v + (b / 4) * qstride;
+        for (int j = 0; j < nq;) {
+            const int g = std::min(4, nq - j);
+            const float* pj = p + j * ldp + b;
+            float* oj = out + j * ldo;
+            if (g == 4) values_block_q8<4>(pj, ldp, vb, vs + b, qstride, cnt, hd, oj, ldo);
+            else if (g == 3) values_block_q8<3>(pj, ldp, vb, vs + b, qstride, cnt, hd, oj, ldo);
+            else if (g == 2) values_block_q8<2>(pj, ldp, vb, vs + b, qstride, cnt, hd, oj, ldo);
+            else values_block_q8<1>(pj, ldp, vb, vs + b, qstride, cnt, hd, oj, ldo);
+            j += g;
+        }
+    }
 }
 
 void to_f16_avx512(const float* x, int64_t n, uint16_t* out) {

@@ -2,6 +2,7 @@
 // AVX-512 kernels are tested against, and the path every machine can run.
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels.h"
 
@@ -275,17 +276,61 @@ static void attn_values_h_ref(const float* p, int64_t ldp, int nq, const uint16_
             for (int d = 0; d < hd; ++d) out[j * ldo + d] += p[j * ldp + i] * f16_to_f32(v[i * stride + d]);
 }
 
-static void attn_scores_q8_ref(const float* q, int nq, const int8_t* k, const float* ks, int64_t tstride, int n,
+float quantize_s8(const float* x, int n, int8_t* q, int32_t* sum) {
+    float amax = 0.0f;
+    for (int i = 0; i < n; ++i) amax = std::fabs(x[i]) > amax ? std::fabs(x[i]) : amax;
+    // below 1e-30 (or NaN) the vector counts as zero: 1 / d would overflow for subnormal d
+    const float d = amax >= 1e-30f ? amax / 127.0f : 0.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    int32_t s = 0;
+    for (int i = 0; i < n; ++i) {
+        // adding and removing 1.5 x 2^23 rounds to nearest even (|x id| <= 127 + rounding)
+        // without a libm call, so the loop vectorizes on the baseline ISA
+        float r = (x[i] * id + 12582912.0f) - 12582912.0f;
+        r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+        q[i] = int8_t(r);
+        s += q[i];
+    }
+    *sum = s;
+    return d;
+}
+
+static void attn_scores_q8_ref(const float* q, int nq, const uint8_t* k, const float* ks, int64_t tstride, int n,
                                int hd, float scale, float* out, int64_t ldo) {
-    attn_scores_tiles_ref(q, nq, k, tstride, n, hd, scale, out, ldo, ks);
+    const int64_t kv_dim = tstride / kKeyTile;  // key_q8_index's tile is kv_dim x 16 bytes
+    std::vector<int8_t> qq(hd);
+    for (int j = 0; j < nq; ++j) {
+        int32_t s;
+        const float c = quantize_s8(q + j * hd, hd, qq.data(), &s) * scale;
+        for (int i = 0; i < n; ++i) {
+            int32_t isum = 0;
+            for (int d = 0; d < hd; ++d) isum += int32_t(k[key_q8_index(i, d, kv_dim)]) * qq[d];
+            out[j * ldo + i] = (float(isum - 128 * s) * ks[i]) * c;
+        }
+    }
 }
 
 static void attn_values_q8_ref(const float* p, int64_t ldp, int nq, const int8_t* v, const float* vs,
-                               int64_t stride, int n, int hd, float* out, int64_t ldo) {
+                               int64_t qstride, int n, int hd, float* out, int64_t ldo) {
+    const int64_t kv_dim = qstride / 4;
     for (int j = 0; j < nq; ++j)
-        for (int i = 0; i < n; ++i) {
-            const float a = p[j * ldp + i] * vs[i];
-            for (int d = 0; d < hd; ++d) out[j * ldo + d] += a * float(v[i * stride + d]);
+        for (int b = 0; b < n; b += 32) {
+            const int cnt = n - b < 32 ? n - b : 32;
+            float w[32], mx = 0.0f;
+            for (int i = 0; i < cnt; ++i) {
+                w[i] = p[j * ldp + b + i] * vs[b + i];
+                mx = w[i] > mx ? w[i] : mx;
+            }
+            const float d = mx / 255.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            int32_t u[32];
+            for (int i = 0; i < cnt; ++i) {
+                const float r = std::nearbyint(w[i] * id);
+                u[i] = int32_t(r > 255.0f ? 255.0f : r);
+            }
+            for (int c = 0; c < hd; ++c) {
+                int32_t isum = 0;
+                for (int i = 0; i < cnt; ++i) isum += u[i] * v[value_q8_index(b + i, c, kv_dim)];
+                out[j * ldo + c] = out[j * ldo + c] + float(isum) * d;
+            }
         }
 }
 

@@ -107,16 +107,51 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool
     return torch.stack([ra, rb], dim=-1).flatten(-2)          # re-interleave
 
 
-def q8_roundtrip(x: torch.Tensor) -> torch.Tensor:
-    """What a q8_0 KV cache keeps of x [..., hd]: per vector, d = max|x| / 127 and the values
-    round(x / d) * d (round half to even), as the engine's cache stores them."""
+def q8_split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q8_0 of x [..., hd] per vector: (round(x / d) half to even, d = max|x| / 127), both float."""
     d = x.abs().amax(dim=-1, keepdim=True) / 127
-    return torch.where(d > 0, torch.round(x / torch.where(d > 0, d, 1)).clamp(-127, 127) * d, 0.0)
+    return torch.where(d > 0, torch.round(x / torch.where(d > 0, d, 1)).clamp(-127, 127), 0.0), d
+
+
+def q8_roundtrip(x: torch.Tensor) -> torch.Tensor:
+    """What a q8_0 KV cache keeps of x: the values round(x / d) * d."""
+    q, d = q8_split(x)
+    return q * d
+
+
+def q8_attention(q, k, v, split: int = 256, block: int = 32) -> torch.Tensor:
+    """Causal attention the way the engine runs it over a q8_0 cache (kernels.h), written
+    plainly: K and V as int8 x a scale per position and head; each query int8 too (its own
+    scale); scores softmaxed per split of `split` positions (max and sum per split, merged at
+    the end); the weights p x (V's scale) rounded to u8 steps of (their max / 255) per block of
+    `block` positions and multiplied with V's integers. q, k, v: [heads, n, hd] (k, v repeated
+    per query head)."""
+    h, n, hd = q.shape
+    qi, qd = q8_split(q)
+    ki, kd = q8_split(k)
+    vi, vd = q8_split(v)
+    scores = (qi @ ki.transpose(1, 2)) * qd * kd.transpose(1, 2) / math.sqrt(hd)   # [h, n, n]
+    pad = -n % split
+    scores = torch.nn.functional.pad(scores, (0, pad), value=float("-inf"))
+    causal = torch.ones(n, n + pad, dtype=torch.bool).tril()
+    scores = scores.masked_fill(~causal, float("-inf")).view(h, n, -1, split)      # [h, n, S, split]
+    m = scores.amax(-1, keepdim=True)
+    e = torch.where(torch.isfinite(scores), torch.exp(scores - torch.where(torch.isfinite(m), m, 0)), 0.0)
+    w = e * torch.nn.functional.pad(vd[..., 0], (0, pad)).view(h, 1, -1, split)
+    wb = w.view(h, n, -1, split // block, block)
+    step = wb.amax(-1, keepdim=True) / 255
+    wq = (torch.where(step > 0, torch.round(wb / torch.where(step > 0, step, 1)), 0.0) * step).view(h, n, -1, split)
+    vs = torch.nn.functional.pad(vi, (0, 0, 0, pad)).view(h, -1, split, hd)         # [h, S, split, hd]
+    out = torch.einsum("hnsp,hspd->hnsd", wq, vs)                                    # per split
+    live = torch.isfinite(m[..., 0])                                                 # [h, n, S]
+    big = torch.where(live, m[..., 0], float("-inf")).amax(-1, keepdim=True)
+    f = torch.where(live, torch.exp(m[..., 0] - big), 0.0)
+    return (out * f[..., None]).sum(2) / (e.sum(-1) * f).sum(-1, keepdim=True)
 
 
 class TorchRef:
     def __init__(self, config, tensors: dict, kv_type: str = "f32"):
-        """kv_type "q8_0": K (after RoPE) and V pass through q8_roundtrip, like a q8_0 cache."""
+        """kv_type "q8_0": attention as over a q8_0 cache (q8_attention)."""
         self.cfg = config
         self.kv_q8 = kv_type == "q8_0"
         self.w = {}
@@ -143,14 +178,15 @@ class TorchRef:
         ang = torch.arange(n, dtype=torch.float64)[:, None] * self.inv_freq[None, :]  # [n, hd/2]
         cos, sin = ang.cos().float(), ang.sin().float()
         q, k = apply_rope(q, cos, sin, c.rope_neox), apply_rope(k, cos, sin, c.rope_neox)
-        if self.kv_q8:
-            k, v = q8_roundtrip(k), q8_roundtrip(v)
         group = c.n_head // c.n_head_kv                           # query heads per kv head
         k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)  # [n_head, n, hd]
-        scores = q @ k.transpose(1, 2) / math.sqrt(hd)            # [n_head, n, n]
-        causal = torch.ones(n, n, dtype=torch.bool).tril()
-        scores = scores.masked_fill(~causal, float("-inf"))
-        out = torch.softmax(scores, dim=-1) @ v                   # [n_head, n, hd]
+        if self.kv_q8:
+            out = q8_attention(q, k, v)
+        else:
+            scores = q @ k.transpose(1, 2) / math.sqrt(hd)        # [n_head, n, n]
+            causal = torch.ones(n, n, dtype=torch.bool).tril()
+            scores = scores.masked_fill(~causal, float("-inf"))
+            out = torch.softmax(scores, dim=-1) @ v               # [n_head, n, hd]
         out = out.transpose(0, 1).reshape(n, c.n_head * hd)       # [n, n_head*hd]
         return out @ w[p + "attn_output.weight"].T                # [n, n_embd]
 
