@@ -43,8 +43,10 @@ File name `<key>.z5kv`, key = the first 32 hex digits of SHA-256(text as UTF-8).
     +tools       tokens: u32 x n_tokens
     +4n          logits: f32 x n_vocab, the next-token logits after the last stored token
     +4V          KV: the native Context.snapshot() blob, kv_bytes long (its own header with the
-                 build id and fingerprint, per layer K then V rows (n_tokens, kv_dim) f32, the
-                 logits again, its own checksum); restore is bit exact
+                 build id, fingerprint, matmul path and KV type; per layer K then V rows
+                 (n_tokens, kv_dim) in the cache's type (f32, f16, or int8 followed by the K then
+                 V scales (n_head_kv, n_tokens) f32 for q8_0); the logits again; its own
+                 checksum); restore is bit exact and refuses another matmul path or KV type
     end-4  4     u32 CRC-32 of every byte before it (mutable fields zeroed)
 
 Why two checksums: the in-memory index reads only header + text + tool map of each file (text for
