@@ -413,11 +413,6 @@ void Context::copy_rows(int layer, char* krows, char* vrows, bool to_rows) const
     const int KV = model_->cfg.kv_dim();
     uint8_t* K = const_cast<uint8_t*>(kv_layer(kcache_, layer));
     uint8_t* V = const_cast<uint8_t*>(kv_layer(vcache_, layer));
-    const size_t bytes = size_t(n_past_) * KV * kv_elem_;
-    if (kv_ != KvType::Q8_0) {
-        if (to_rows) std::memcpy(vrows, V, bytes);
-        else std::memcpy(V, vrows, bytes);
-    }
     if (kv_ == KvType::Q8_0) {
         auto* kr = reinterpret_cast<int8_t*>(krows);
         auto* vr = reinterpret_cast<int8_t*>(vrows);
@@ -430,7 +425,12 @@ void Context::copy_rows(int layer, char* krows, char* vrows, bool to_rows) const
                 if (to_rows) kx = int8_t(kb - 128), vx = int8_t(vb);
                 else kb = uint8_t(kx + 128), vb = uint8_t(vx);
             }
-    } else if (kv_elem_ == 2)
+        return;
+    }
+    const size_t bytes = size_t(n_past_) * KV * kv_elem_;  // V is already rows
+    if (to_rows) std::memcpy(vrows, V, bytes);
+    else std::memcpy(V, vrows, bytes);
+    if (kv_elem_ == 2)
         copy_key_tiles(reinterpret_cast<uint16_t*>(K), reinterpret_cast<uint16_t*>(krows), n_past_, KV, to_rows);
     else
         copy_key_tiles(reinterpret_cast<float*>(K), reinterpret_cast<float*>(krows), n_past_, KV, to_rows);
