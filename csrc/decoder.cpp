@@ -54,6 +54,10 @@ Context::Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* k
     kcache_ = alloc_zeroed(kv_size);
     vcache_ = alloc_zeroed(kv_size);
     if (kv_ == KvType::Q8_0) {
+        // a head starts on a channel quad (key_q8_index); store_kv quantizes a head on the stack
+        if (c.head_dim % 4 != 0 || c.head_dim > 512)
+            throw ZenError("the q8_0 KV cache needs a head size that is a multiple of 4 and at most 512, not " +
+                           std::to_string(c.head_dim));
         kscale_.assign(size_t(c.n_layer) * c.n_head_kv * n_rows_, 0.0f);
         vscale_.assign(kscale_.size(), 0.0f);
     }
