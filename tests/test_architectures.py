@@ -61,3 +61,12 @@ def test_rope_scaling(tmp_path, scaling):
     path = tiny_gguf.write_hf_dir(tmp_path / "scaled", config_overrides={"rope_scaling": scaling})
     assert Engine.load(path, ctx=64).config.rope_scaling is not None
     check(path, ISAS[-1])
+
+
+def test_q8_cache_refuses_a_head_size_its_layout_cannot_hold(tmp_path):
+    """The q8_0 cache keeps a head's channels in quads: head size 6 is refused by name, while
+    the default cache serves the same model."""
+    path = tiny_gguf.write_gguf(tmp_path / "hd6.gguf", matrix_type=Q.F32, head_dim=6)
+    with pytest.raises(_native.ZenError, match="multiple of 4 and at most 512, not 6"):
+        Engine.load(path, ctx=32, kv_type="q8_0")
+    assert Engine.load(path, ctx=32).generate("hi", max_tokens=2, temperature=0).completion_tokens >= 1
