@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import requests
 
-from zen5.chat_types import (ChatError, Finish, TextDelta, ThinkingDelta, ThinkingDone, ToolCallDelta,
+from zen5.chat_types import (ChatError, Finish, SampledToken, TextDelta, ThinkingDelta, ThinkingDone, ToolCallDelta,
                              ToolCallDone, ToolCallStart, ToolResultBlock, Usage)
 
 
@@ -128,12 +128,20 @@ def _usage(reused=0, prefilled=10, completion=5, source="cold") -> Usage:
 
 
 LINE_BREAKS = "a\u2028b\u2029c\x85d\x1ce"   # str.splitlines() breaks at each of them
+# the tokens sampled before each event of the "tool" script (FakeSession), in order
+TOOL_TOKENS = [["<think>", "Let me "], ["check."], ["</think>"], ["Check", "ing."], ["<tool_call>"],
+               ['{"city": '], ['"Paris"}'], ["</tool_call>"]]
+
+
+def _token(text: str) -> SampledToken:
+    return SampledToken(text, text.encode(), -0.5, ((text, text.encode(), -0.5), ("x", b"x", -2.0)))
 
 
 class FakeSession:
     """Answers by the last user text: "tool" -> thinking, text and a get_weather call; "slow" ->
     200 slow text deltas; "wait" -> a pause before the first event; "breaks" -> text with
-    Unicode line breaks; "unknown-id" / "stale" ->
+    Unicode line breaks; with logprobs asked, each event is preceded by the SampledToken events
+    that made it (TOOL_TOKENS: text "Checking." is two tokens); "unknown-id" / "stale" ->
     ChatError 400 / 409; "crash" -> an internal error after the first event. A request whose
     last message holds tool results answers "Sunny." as a live continuation."""
 
@@ -158,12 +166,15 @@ class FakeSession:
             raise ChatError(409, "the live state this request continues is gone; replay the full history")
         if "tool" in text:
             cid = request.id_prefix + "0123456789abcdef0123456789abcdef"
-            return self._events([ThinkingDelta("Let me "), ThinkingDelta("check."),
-                                 ThinkingDone("Let me check.", "z5s1.sig",
-                                              "z5e1.blob" if request.redact_thinking else None),
-                                 TextDelta("Checking."), ToolCallStart(cid, "get_weather", 0),
-                                 ToolCallDelta(cid, '{"city": ', 0), ToolCallDelta(cid, '"Paris"}', 0),
-                                 ToolCallDone(cid, "get_weather", '{"city": "Paris"}', 0)], "tool_calls")
+            events = [ThinkingDelta("Let me "), ThinkingDelta("check."),
+                      ThinkingDone("Let me check.", "z5s1.sig", "z5e1.blob" if request.redact_thinking else None),
+                      TextDelta("Checking."), ToolCallStart(cid, "get_weather", 0),
+                      ToolCallDelta(cid, '{"city": ', 0), ToolCallDelta(cid, '"Paris"}', 0),
+                      ToolCallDone(cid, "get_weather", '{"city": "Paris"}', 0)]
+            if request.logprobs is not None:
+                tokens = iter(TOOL_TOKENS)
+                events = [x for ev in events for x in ([_token(t) for t in next(tokens)] + [ev])]
+            return self._events(events, "tool_calls")
         if "slow" in text:
             return self._slow()
         if "wait" in text:

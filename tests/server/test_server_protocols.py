@@ -14,7 +14,7 @@ import openai
 import pytest
 import requests
 
-from serverlib import FakeSession, InProcessServer, sse_events
+from serverlib import TOOL_TOKENS, FakeSession, InProcessServer, sse_events
 from zen5.chat_types import RedactedThinkingBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 
 
@@ -116,6 +116,32 @@ def test_responses_stream_sequence(fake):
     assert done[2]["call_id"].startswith("call_") and done[2]["arguments"] == '{"city": "Paris"}'
     final = events[-1][1]["response"]
     assert final["status"] == "completed" and final["output"] == done
+
+
+def test_responses_logprobs_cover_the_message_text_only(fake):
+    """Responses logprobs belong to output_text: of the tokens sampled for thinking, text and a
+    tool call, the message gets exactly the two that made its text ("Check", "ing."), in the
+    body, on the delta, in the done events and in the final response; Chat reports every token."""
+    want = {**RESPONSES, "include": ["message.output_text.logprobs"], "top_logprobs": 1}
+    body = post(fake, "/v1/responses", want).json()
+    msg = next(o for o in body["output"] if o["type"] == "message")
+    entries = msg["content"][0]["logprobs"]
+    assert [e["token"] for e in entries] == ["Check", "ing."]
+    assert entries[0] == {"token": "Check", "logprob": -0.5, "bytes": list(b"Check"),
+                          "top_logprobs": [{"token": "Check", "logprob": -0.5, "bytes": list(b"Check")},
+                                           {"token": "x", "logprob": -2.0, "bytes": [120]}]}
+    events = [e for e in stream(fake, "/v1/responses", {**want, "stream": True}) if e[0] != "comment"]
+    deltas = [d for n, d in events if n == "response.output_text.delta"]
+    assert [[e["token"] for e in d["logprobs"]] for d in deltas] == [["Check", "ing."]]
+    done = next(d for n, d in events if n == "response.output_text.done")
+    final = next(o for o in events[-1][1]["response"]["output"] if o["type"] == "message")
+    assert done["logprobs"] == final["content"][0]["logprobs"] == entries
+    client = openai.OpenAI(base_url=fake.url + "/v1", api_key="k", max_retries=0)
+    r = client.responses.create(**want)   # the SDK parses the entries
+    assert [e.token for e in next(o for o in r.output if o.type == "message").content[0].logprobs] == ["Check", "ing."]
+    chat = post(fake, "/v1/chat/completions", {**CHAT, "logprobs": True}).json()
+    assert [e["token"] for e in chat["choices"][0]["logprobs"]["content"]] == sum(TOOL_TOKENS, [])   # every token
+    assert post(fake, "/v1/responses", RESPONSES).json()["output"][1]["content"][0]["logprobs"] == []
 
 
 # ---- SDKs reassemble -----------------------------------------------------------------------

@@ -119,6 +119,36 @@ def test_openai_chat_logprobs(smollm2_server):
             client.chat.completions.create(**bad, **kw)
 
 
+def test_openai_responses_logprobs(smollm2_server):
+    """Responses `include: ["message.output_text.logprobs"]` with `top_logprobs`: the message's
+    output_text carries one entry per sampled token (the end-of-sequence one aside) that spells
+    its text, the same tokens and values as Chat for the same prompt; the stream's deltas carry
+    the same entries, and so do the done events; without the include the list stays empty."""
+    client = openai_client(smollm2_server)
+    kw = dict(model="m", input=QUESTION, max_output_tokens=12, temperature=0)
+    r = client.responses.create(include=["message.output_text.logprobs"], top_logprobs=3, **kw)
+    part = next(o for o in r.output if o.type == "message").content[0]
+    assert len(part.logprobs) == r.usage.output_tokens - (r.status == "completed")
+    assert "".join(e.token for e in part.logprobs) == part.text == r.output_text
+    for e in part.logprobs:
+        assert len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token   # greedy
+        assert bytes(e.bytes) == e.token.encode()
+    chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": QUESTION}],
+                                          max_tokens=12, temperature=0, logprobs=True, top_logprobs=3)
+    assert [e.token for e in chat.choices[0].logprobs.content] == [e.token for e in part.logprobs]
+    assert [e.logprob for e in chat.choices[0].logprobs.content] == pytest.approx(
+        [e.logprob for e in part.logprobs], abs=1e-5)
+    events = list(client.responses.create(include=["message.output_text.logprobs"], top_logprobs=3, stream=True, **kw))
+    deltas = [e for ev in events if ev.type == "response.output_text.delta" for e in ev.logprobs]
+    done = next(ev for ev in events if ev.type == "response.output_text.done")
+    final = next(o for o in events[-1].response.output if o.type == "message").content[0]
+    for got in (deltas, done.logprobs, final.logprobs):
+        assert [e.token for e in got] == [e.token for e in part.logprobs]
+    assert client.responses.create(**kw).output[0].content[0].logprobs == []
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client.responses.create(top_logprobs=21, **kw)
+
+
 def test_openai_sdk_chat_completions_responses(smollm2_server):
     client = openai_client(smollm2_server)
     text, usage = "", None

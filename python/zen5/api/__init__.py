@@ -79,3 +79,10 @@ def sampling(temperature: float | None, top_p: float | None = None, top_k: int |
         return SamplingParams(**kw)
     except ValueError as e:
         raise bad_request(str(e)) from None
+
+
+def logprob_entries(sampled) -> list[dict]:
+    """OpenAI's per-token logprob objects (Chat `logprobs.content`, Responses `output_text.logprobs`)
+    from SampledToken events: token, logprob, bytes, and the alternatives, best first."""
+    entry = lambda token, raw, lp: {"token": token, "logprob": lp, "bytes": list(raw)}  # noqa: E731
+    return [{**entry(t.token, t.raw, t.logprob), "top_logprobs": [entry(*alt) for alt in t.top]} for t in sampled]

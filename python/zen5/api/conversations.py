@@ -25,20 +25,28 @@ from zen5.chat_types import (Finish, Message, RedactedThinkingBlock, SampledToke
 
 class Reply:
     """One assistant turn, built as its events arrive. `parts` keeps the order the model produced:
-    ThinkingDone, text (str) and ToolCallDone items."""
+    ThinkingDone, text (str) and ToolCallDone items. With logprobs, `text_tokens[i]` holds the
+    sampled tokens of the i-th text part: the tokens sampled since the previous event, credited
+    to the text event that follows them (tokens followed by thinking or a tool call are not)."""
 
     def __init__(self):
         self.parts: list = []
         self.finish: Finish | None = None
         self.open_calls: dict[str, list] = {}      # id -> [name, arguments so far] (not yet done)
         self.sampled: list[SampledToken] = []      # when the request asked for logprobs
+        self.text_tokens: list[list[SampledToken]] = []
+        self._pending: list[SampledToken] = []
 
     def add(self, ev) -> None:
+        if not isinstance(ev, (SampledToken, Finish)):
+            tokens, self._pending = self._pending, []
         if isinstance(ev, TextDelta):
             if self.parts and isinstance(self.parts[-1], str):
                 self.parts[-1] += ev.text
             else:
                 self.parts.append(ev.text)
+                self.text_tokens.append([])
+            self.text_tokens[-1].extend(tokens)
         elif isinstance(ev, (ThinkingDone, ToolCallDone)):
             self.parts.append(ev)
             if isinstance(ev, ToolCallDone):
@@ -49,6 +57,7 @@ class Reply:
             self.open_calls[ev.id][1] += ev.fragment
         elif isinstance(ev, SampledToken):
             self.sampled.append(ev)
+            self._pending.append(ev)
         elif isinstance(ev, Finish):
             self.finish = ev
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from zen5.api import ApiContext, new_id, sampling, sse
+from zen5.api import ApiContext, logprob_entries, new_id, sampling, sse
 from zen5.api.conversations import Reply
 from zen5.api.errors import ApiError, bad_request, openai_body
 from zen5.api.fields import (arguments_text, at, get_bool, get_int, get_list, get_num, get_obj,
@@ -215,9 +215,7 @@ def _logprobs(turn: Turn, sampled: list[SampledToken]) -> dict | None:
     request did not ask)."""
     if turn.request.logprobs is None:
         return None
-    entry = lambda token, raw, lp: {"token": token, "logprob": lp, "bytes": list(raw)}  # noqa: E731
-    return {"content": [{**entry(t.token, t.raw, t.logprob), "top_logprobs": [entry(*alt) for alt in t.top]}
-                        for t in sampled], "refusal": None}
+    return {"content": logprob_entries(sampled), "refusal": None}
 
 
 def _call(c: ToolCallDone) -> dict:

@@ -9,7 +9,10 @@ else degrades to canonical rendering. `previous_response_id` continues a stored 
 (`store` defaults to true); the stored form is neutral, instructions excluded, as the API does
 not carry them over. Streams are named events with a `sequence_number`, one output item at a time
 (added, deltas, done), ending with `response.completed` (Codex retries a stream without it) or
-`response.incomplete` when the token limit cut the reply.
+`response.incomplete` when the token limit cut the reply. `include:
+["message.output_text.logprobs"]` (or `top_logprobs` > 0) reports the logprobs of the tokens
+that made the message text, on each `output_text` delta and in the done events and items;
+tokens that made reasoning or a tool call have no place in the Responses shape and are left out.
 
 Constraints: `tool_choice` ("none" | "auto" | "required" | {"type": "function" | "custom",
 "name"}), `parallel_tool_calls`, `text.format` (text | json_object | json_schema with name,
@@ -26,18 +29,19 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from zen5.api import ApiContext, new_id, sampling, sse
+from zen5.api import ApiContext, logprob_entries, new_id, sampling, sse
 from zen5.api.conversations import Conversation, Reply
 from zen5.api.errors import ApiError, bad_request
 from zen5.api.fields import (arguments_text, at, get_bool, get_int, get_list, get_num, get_obj,
                              get_str, obj, one_of, output_format, text_parts)
-from zen5.chat_types import (ChatRequest, Finish, Message, RedactedThinkingBlock, TextDelta,
+from zen5.chat_types import (ChatRequest, Finish, Message, RedactedThinkingBlock, SampledToken, TextDelta,
                              ThinkingBlock, ThinkingDelta, ThinkingDone, ToolCallDelta,
                              ToolCallDone, ToolCallStart, ToolResultBlock, ToolSpec, ToolUseBlock)
 
 STYLE = "openai"
 _TEXT = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 _ENCRYPTED = "reasoning.encrypted_content"
+_LOGPROBS = "message.output_text.logprobs"
 _EFFORT = {"high": "high", "xhigh": "max", "max": "max"}
 
 
@@ -77,6 +81,12 @@ def parse(body: dict, ctx: ApiContext) -> Turn:
     parallel = get_bool(body, "parallel_tool_calls", default=True)
     text = get_obj(body, "text")
     fmt = get_obj(text, "format", "text") if text.get("format") is not None else {"type": "text"}
+    include = get_list(body, "include")
+    top_logprobs = get_int(body, "top_logprobs", minimum=0)
+    if top_logprobs is not None and top_logprobs > 20:
+        raise bad_request("top_logprobs: at most 20", param="top_logprobs")
+    # logprobs of the message text: asked for by the include entry or by wanting alternatives
+    logprobs = (top_logprobs or 0) if _LOGPROBS in include or top_logprobs else None
     try:
         request = ChatRequest(
             system + history, tools=_tools(tools_wire), tool_choice=_tool_choice(body.get("tool_choice")),
@@ -85,7 +95,7 @@ def parse(body: dict, ctx: ApiContext) -> Turn:
             max_tokens=ctx.max_tokens(get_int(body, "max_output_tokens", minimum=1)),
             thinking=False if effort in ("none", "minimal") else None,
             reasoning_effort=_EFFORT.get(effort or ""),
-            redact_thinking=_ENCRYPTED in get_list(body, "include"), id_prefix="call_")
+            redact_thinking=_ENCRYPTED in include, id_prefix="call_", logprobs=logprobs)
     except ValueError as e:
         raise bad_request(str(e)) from None
     echo = {"instructions": instructions, "previous_response_id": prev, "tools": tools_wire,
@@ -93,7 +103,7 @@ def parse(body: dict, ctx: ApiContext) -> Turn:
             "top_p": body.get("top_p"), "max_output_tokens": body.get("max_output_tokens"),
             "reasoning": {"effort": effort, "summary": reasoning.get("summary")},
             "parallel_tool_calls": parallel, "text": {**text, "format": fmt},
-            "metadata": body.get("metadata") or {}}
+            "top_logprobs": top_logprobs, "metadata": body.get("metadata") or {}}
     return Turn(new_id("resp_"), model, get_bool(body, "stream"), request, history,
                 get_bool(body, "store", default=True), echo)
 
@@ -224,9 +234,9 @@ def _reasoning_item(item_id: str, done: ThinkingDone) -> dict:
     return item
 
 
-def _message_item(item_id: str, text: str, status: str = "completed") -> dict:
+def _message_item(item_id: str, text: str, status: str = "completed", logprobs: list | None = None) -> dict:
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}]}
 
 
 def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict:
@@ -246,10 +256,10 @@ def _done_item(done: ToolCallDone) -> dict:
 
 
 def body(turn: Turn, reply: Reply, ctx: ApiContext) -> dict:
-    output = []
+    output, texts = [], iter(reply.text_tokens)
     for p in reply.parts:
         if isinstance(p, str):
-            output.append(_message_item(new_id("msg_"), p))
+            output.append(_message_item(new_id("msg_"), p, logprobs=logprob_entries(next(texts, []))))
         elif isinstance(p, ThinkingDone):
             output.append(_reasoning_item(new_id("rs_"), p))
         else:
@@ -275,6 +285,8 @@ class Stream:
         self.item: dict | None = None          # the open item (its final form so far)
         self.text = ""                         # text of the open message / reasoning summary
         self.custom: _InputStream | None = None  # the open custom tool call's input decoder
+        self.sampled: list = []                # tokens sampled since the last event (logprobs)
+        self.logprobs: list[dict] = []         # the open message's logprob entries
 
     def _ev(self, kind: str, **data) -> str:
         self.seq += 1
@@ -294,7 +306,7 @@ class Stream:
 
     def _open(self, item: dict) -> str:
         out = self._close()
-        self.item, self.text = item, ""
+        self.item, self.text, self.logprobs = item, "", []
         return out + self._ev("response.output_item.added", output_index=len(self.output), item=item)
 
     def _where(self) -> dict:
@@ -306,11 +318,11 @@ class Stream:
             return ""
         out = ""
         if item["type"] == "message":
-            part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
+            part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": self.logprobs}
             out += self._ev("response.output_text.done", **self._where(), content_index=0, text=self.text,
-                            logprobs=[])
+                            logprobs=self.logprobs)
             out += self._ev("response.content_part.done", **self._where(), content_index=0, part=part)
-            item = _message_item(item["id"], self.text)
+            item = _message_item(item["id"], self.text, logprobs=self.logprobs)
         elif item["type"] in ("function_call", "custom_tool_call"):
             item = {**item, "status": status}
         out += self._ev("response.output_item.done", output_index=len(self.output), item=item)
@@ -346,6 +358,10 @@ class Stream:
         return out
 
     def event(self, ev) -> str:
+        if isinstance(ev, SampledToken):   # credited to the event that follows (Reply.text_tokens)
+            self.sampled.append(ev)
+            return ""
+        tokens, self.sampled = self.sampled, []
         if isinstance(ev, (ThinkingDelta, ThinkingDone)):
             return self._thinking(ev)
         if isinstance(ev, TextDelta):
@@ -355,8 +371,10 @@ class Stream:
                 out += self._ev("response.content_part.added", **self._where(), content_index=0,
                                 part={"type": "output_text", "text": "", "annotations": []})
             self.text += ev.text
+            entries = logprob_entries(tokens)
+            self.logprobs += entries
             return out + self._ev("response.output_text.delta", **self._where(), content_index=0,
-                                  delta=ev.text, logprobs=[])
+                                  delta=ev.text, logprobs=entries)
         if isinstance(ev, ToolCallStart):
             if ev.kind == "custom":
                 self.custom = _InputStream()

@@ -124,7 +124,9 @@ _RESPONSE_ITEM = {"type": "object", "properties": {
 _RESPONSES = {"type": "object", "required": ["model", "input"], "properties": {
     "model": _STR, "input": {"anyOf": [_STR, {"type": "array", "items": _RESPONSE_ITEM}]},
     "instructions": _STR, "previous_response_id": _STR, "store": _BOOL,
-    "include": {"type": "array", "items": {"type": "string", "enum": ["reasoning.encrypted_content"]}},
+    "include": {"type": "array", "items": {"type": "string", "enum": [
+        "reasoning.encrypted_content", "message.output_text.logprobs"]}},
+    "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
     "tools": {"type": "array", "items": {"type": "object", "required": ["type", "name"], "properties": {
         "type": {"type": "string", "enum": ["function", "custom"]}, "name": _STR, "description": _STR,
         "parameters": _OBJ, "strict": _BOOL,
