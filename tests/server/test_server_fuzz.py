@@ -22,8 +22,11 @@ def test_schemathesis_finds_no_server_errors(tmp_path):
                        "--threads", "2")
     try:
         cli = Path(sys.executable).with_name("schemathesis")
+        # one worker: with two threads, hypothesis parsing lambda sources concurrently hits a
+        # CPython 3.11 race ("SystemError: AST constructor recursion depth mismatch"), an error
+        # of the fuzzer, not the server, in 6 of 12 runs on a busy machine; one worker is faster
         run = subprocess.run([str(cli), "run", srv.url + "/openapi.json", "--checks", "not_a_server_error",
-                              "--max-examples", "50", "--workers", "2", "--generation-database", "none",
+                              "--max-examples", "50", "--workers", "1", "--generation-database", "none",
                               "--seed", "5", "--no-color"],
                              capture_output=True, text=True, timeout=900, cwd=tmp_path)
         print(run.stdout[-3000:])
