@@ -169,3 +169,23 @@ def test_convert_gguf_q8_0_and_bf16_keep_metadata_and_values(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [str(out / "tiny.Q8_0.gguf"), str(out / "tiny.BF16.gguf")]
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+
+
+@pytest.mark.model
+def test_kv_quality_scores_every_cache_against_the_exact_one(tmp_path):
+    """bench/kv_quality.py: four (matmul, KV cache) configurations read the same text in lockstep;
+    the exact one scores KL 0 and top-1 100% against itself, the quantized ones a small, nonzero
+    KL (they do quantize), and the rows land in the CSV."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "kv_quality.py"), "--tokens", "300",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [(r["matmul"], r["kv_type"]) for r in rows] == [("f32", "f32"), ("int8", "f16"), ("int8", "q8_0"),
+                                                           ("f32", "q8_0")]
+    exact, *others = rows
+    assert exact["kl_vs_exact"] == 0 and exact["top1_vs_exact"] == 1
+    for r in others:
+        assert 0 < r["kl_vs_exact"] < 0.05 and r["top1_vs_exact"] > 0.9
+        assert abs(r["ppl"] / exact["ppl"] - 1) < 0.05
+    _, written = _rows(tmp_path / "kv_quality.csv")
+    assert len(written) == 4 and float(written[3]["kl_vs_exact"]) == rows[3]["kl_vs_exact"]
