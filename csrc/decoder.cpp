@@ -205,23 +205,25 @@ size_t Context::kv_bytes_per_token() const {
 }
 
 void Context::store_kv(int layer, int pos, const float* k, const float* v) {
-    // V is a row; K's channels go to their rows of the position's key tile, kKeyTile apart.
     const int KV = model_->cfg.kv_dim();
     uint8_t* K = const_cast<uint8_t*>(kv_layer(kcache_, layer));
-    uint8_t* V = const_cast<uint8_t*>(kv_layer(vcache_, layer)) + size_t(pos) * KV * kv_elem_;
-    const size_t k0 = key_index(pos, 0);
+    uint8_t* V = const_cast<uint8_t*>(kv_layer(vcache_, layer));
     if (kv_ == KvType::Q8_0) {  // key_q8_index / value_q8_index layouts (kernels.h)
         const int hd = model_->cfg.head_dim;
         int8_t q[512];
         int32_t sum;
-        uint8_t* V8 = const_cast<uint8_t*>(kv_layer(vcache_, layer));
         for (int h = 0; h < model_->cfg.n_head_kv; ++h) {
             vscale_[scale_index(layer, h) + pos] = quantize_s8(v + h * hd, hd, q, &sum);
-            for (int i = 0; i < hd; ++i) V8[value_q8_index(pos, h * hd + i, KV)] = uint8_t(q[i]);
+            for (int i = 0; i < hd; ++i) V[value_q8_index(pos, h * hd + i, KV)] = uint8_t(q[i]);
             kscale_[scale_index(layer, h) + pos] = quantize_s8(k + h * hd, hd, q, &sum);
             for (int i = 0; i < hd; ++i) K[key_q8_index(pos, h * hd + i, KV)] = uint8_t(q[i] + 128);
         }
-    } else if (kv_ == KvType::F16) {
+        return;
+    }
+    // V is a row; K's channels go to their rows of the position's key tile, kKeyTile apart.
+    V += size_t(pos) * KV * kv_elem_;
+    const size_t k0 = key_index(pos, 0);
+    if (kv_ == KvType::F16) {
         k_.to_f16(v, KV, reinterpret_cast<uint16_t*>(V));
         uint16_t h[64];
         for (int c0 = 0; c0 < KV; c0 += 64) {
