@@ -24,7 +24,8 @@ repetitions; rows report the median, min and max tokens/s.
 Outputs (in --out, default bench/results; a --quick run adds "-quick" to every name):
   <cpu>-bench.csv     appended, one row per (engine, quant, threads, test), with the roofline
                       fractions (frac_peak: decode GB/s over in-LLC read bandwidth, prefill GOP/s
-                      over the VNNI int8 peak; frac_alt: over DRAM bandwidth / fp32 FMA peak),
+                      over the VNNI int8 peak, or the fp32 FMA peak for F32/F16/BF16 weights;
+                      frac_alt: over DRAM bandwidth / the other compute peak),
                       commit, steal time and the 1-minute load average at the start;
   <cpu>-roofline.csv  appended, the roofs measured in this run;
   <cpu>-frontier.csv / .png  the latest frontier walk (columns as frontier.COLUMNS) with the
@@ -261,7 +262,7 @@ class Run:
                        frac_peak="", frac_alt="", steal_ticks=steal,
                        steal_pct=round(100.0 * steal / max(1, total), 2), load1_start=self.load1_start)
             if threads in self.roofs:
-                ach, unit, fp, fa = roofline.fractions(test, med, self.roofs[threads], *self._stats(engine, quant))
+                ach, unit, fp, fa = roofline.fractions(test, med, self.roofs[threads], *self._stats(engine, quant), quant)
                 row.update(achieved=round(ach, 1), unit=unit, frac_peak=round(fp, 3), frac_alt=round(fa, 3))
             out.append(row)
         return out
@@ -349,7 +350,7 @@ def print_table(rows: list[dict], log) -> None:
         roof = f"{100 * r['frac_peak']:5.1f}%" if r["frac_peak"] != "" else "    -"
         log(f"{quant:5} {threads:>3} {test:6} " + " ".join(cells) + f"   {roof}")
     log("tok/s medians; (Nx) = zen5 / peer; roof = decode GB/s over in-LLC bandwidth, "
-        "prefill GOP/s over the VNNI int8 peak")
+        "prefill GOP/s over the VNNI int8 peak (F32/F16/BF16: the fp32 FMA peak)")
 
 
 # ---------------------------------------------------------------- command line

@@ -60,7 +60,8 @@ def render(results: Path) -> str:
            f"peers interleaved with zen5 in the same run; steal {steal:.1f}% of CPU time, 1-minute load "
            f"average {r0['load1_start']} at the start. In brackets: zen5 / peer; the row's fastest in bold. PyTorch runs the Q4_1 "
            f"file's weights dequantized, so its figures repeat on every row. *roof*: decode GB/s over "
-           f"the in-cache read bandwidth, prefill GOP/s (2 x params per token) over the int8 VNNI peak.",
+           f"the in-cache read bandwidth, prefill GOP/s (2 x params per token) over the int8 VNNI peak (BF16: over the fp32 FMA peak, "
+           f"the unit its matmuls use).",
            "",
            "| weights | threads | test | zen5 | " + " | ".join(label for _, label in peers) + " | zen5 of roof |",
            "|---|---:|---|---:|" + "---:|" * len(peers) + "---:|"]

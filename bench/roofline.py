@@ -12,8 +12,9 @@ What is compared with what (see `fractions`):
           embedding counts once, as the output head), vs. the in-cache read bandwidth (the
           roof, "frac_peak") and vs. DRAM read bandwidth ("frac_alt");
   prefill achieved GOP/s = tok/s x 2 x parameters (the matmul work, head included, attention
-          excluded: the convention of ../shared/specs/cpu-performance-notes.md), vs. the int8
-          VNNI peak ("frac_peak") and the fp32 FMA peak ("frac_alt").
+          excluded: the convention of ../shared/specs/cpu-performance-notes.md), vs. the peak of
+          the unit the weights' matmuls run on ("frac_peak": int8 VNNI for quantized weights, fp32
+          FMA for F32/F16/BF16) and vs. the other peak ("frac_alt").
 """
 from __future__ import annotations
 
@@ -55,11 +56,15 @@ def measure(threads: int) -> dict:
     return json.loads(out)
 
 
-def fractions(test: str, tps: float, roof: dict, bytes_per_token: int, ops_per_token: float
-              ) -> tuple[float, str, float, float]:
+FLOAT_QUANTS = ("F32", "F16", "BF16")  # weights whose matmuls run on fp32 FMAs
+
+
+def fractions(test: str, tps: float, roof: dict, bytes_per_token: int, ops_per_token: float,
+              quant: str = "Q4_1") -> tuple[float, str, float, float]:
     """(achieved, unit, frac_peak, frac_alt) for one result; see the module doc."""
     if test.startswith("tg"):
         gbps = tps * bytes_per_token / 1e9
         return gbps, "GB/s", gbps / roof["read_llc_gbps"], gbps / roof["read_dram_gbps"]
     gops = tps * ops_per_token / 1e9
-    return gops, "GOP/s", gops / roof["vnni_int8_gops"], gops / roof["fma_fp32_gflops"]
+    vnni, fma = gops / roof["vnni_int8_gops"], gops / roof["fma_fp32_gflops"]
+    return (gops, "GOP/s", fma, vnni) if quant in FLOAT_QUANTS else (gops, "GOP/s", vnni, fma)

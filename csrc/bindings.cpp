@@ -74,6 +74,13 @@ void register_kernels(py::module_& m) {
         const int n = int(x.shape(0));
         py::array_t<float> y({py::ssize_t(n), py::ssize_t(rows)});
         WeightView wv{w.data(), type, rows, cols, rb};
+        FloatPanels panels;  // float types: the layout the AVX-512 kernel reads, as the Model packs it
+        AlignedBytes storage;
+        if (const size_t bytes = float_panel_bytes(type, rows, cols)) {
+            storage = alloc_zeroed(bytes);
+            pack_float_panels(wv, panels, storage.get());
+            wv.panels = &panels;
+        }
         k.matmul(wv, 0, rows, x.data(), n, cols, y.mutable_data(), rows);
         return y;
     });

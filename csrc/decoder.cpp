@@ -141,7 +141,10 @@ void Context::matmuls(std::initializer_list<MatJob> jobs, int n) {
     for (const MatJob& j : jobs) total_rows += j.w->rows;
     // A prefill slice is whole pairs of 16-row groups (the int8 prefill tile covers two; an odd
     // count leaves a slower single-group tile per slice); decode balances 16-row granules.
-    const int64_t gran = n > 1 ? 32 : 16;
+    // Float weights are read in 64-row bands (FloatPanels), so their slices are whole bands.
+    bool bands = false;
+    for (const MatJob& j : jobs) bands |= j.w->panels != nullptr;
+    const int64_t gran = bands ? kPanelRows : n > 1 ? 32 : 16;
     const int64_t per = std::max<int64_t>(gran, (total_rows / (nt * 4) + gran - 1) / gran * gran);
     struct Slice { const MatJob* job; int act; int64_t r0, r1; };
     Slice slices[256];

@@ -79,6 +79,26 @@ AlignedBytes alloc_zeroed(size_t bytes) {
     return AlignedBytes(p);
 }
 
+void pack_float_panels(const WeightView& w, FloatPanels& p, uint8_t* dst) {
+    p.type = w.type, p.rows = w.rows, p.cols = w.cols;
+    p.bands = (w.rows + kPanelRows - 1) / kPanelRows;
+    const int per_step = w.type == GGML_BF16 ? 2 : 1;  // columns per step
+    const size_t elem = w.type == GGML_F32 ? 4 : 2;
+    p.steps = (w.cols + per_step - 1) / per_step;
+    p.group_bytes = w.type == GGML_F16 ? 32 : 64;
+    p.data = dst;
+    for (int64_t r = 0; r < w.rows; ++r) {
+        const int64_t band = r / kPanelRows, group = r % kPanelRows / 16, lane = r % 16;
+        const uint8_t* src = w.row(r);
+        for (int64_t c = 0; c < w.cols; ++c) {
+            const int64_t step = c / per_step, half = c % per_step;
+            uint8_t* at = dst + ((size_t(band) * p.steps + step) * 4 + group) * p.group_bytes +
+                          (lane * per_step + half) * elem;
+            std::memcpy(at, src + c * elem, elem);
+        }
+    }
+}
+
 static size_t packed_scale_bytes(int type) { return type == GGML_Q4_1 ? 64 : 32; }
 
 size_t packed_bytes(const WeightView& w) {
@@ -122,15 +142,15 @@ bool pack_weights(const WeightView& w, PackedWeights& p, AlignedBytes& storage) 
 }
 
 void Model::own_weights(const std::vector<WeightView*>& mats) {
-    // Every matrix the matmuls read lives in one arena: quantized ones repacked (PackedWeights),
-    // F32/F16/BF16 copied out of the file mapping in their row layout. One allocation because
+    // Every matrix the AVX-512 matmuls read lives in one arena: quantized ones repacked
+    // (PackedWeights), F32/F16/BF16 in panels (FloatPanels). One allocation because
     // only a 2 MiB-aligned block gets huge pages, and most matrices here are smaller than 2 MiB
     // (allocated one by one, only the head got them): decode streams every byte once per token,
     // and over 4 KiB pages a BF16 GEMV read 9-11 GB/s against 12-15 GB/s from huge pages (a
     // standalone sweep on this machine, 269 MB of weights).
     auto own_bytes = [](const WeightView& w) {
         const size_t n = packed_bytes(w);
-        return ((n ? n : size_t(w.rows) * w.row_bytes) + 63) / 64 * 64;
+        return ((n ? n : float_panel_bytes(w.type, w.rows, w.cols)) + 63) / 64 * 64;
     };
     size_t total = 0;
     for (const WeightView* w : mats) total += own_bytes(*w);
@@ -143,8 +163,10 @@ void Model::own_weights(const std::vector<WeightView*>& mats) {
             w->packed = p.get();
             packed_.push_back(std::move(p));
         } else {
-            std::memcpy(at, w->data, size_t(w->rows) * w->row_bytes);
-            w->data = at;
+            auto p = std::make_unique<FloatPanels>();
+            pack_float_panels(*w, *p, at);
+            w->panels = p.get();
+            panels_.push_back(std::move(p));
         }
         at += own_bytes(*w);
     }

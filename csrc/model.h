@@ -29,6 +29,9 @@ using AlignedBytes = std::unique_ptr<uint8_t, AlignedFree>;
 bool pack_weights(const WeightView& w, PackedWeights& out, AlignedBytes& storage);
 size_t packed_bytes(const WeightView& w);  // 0 for types that are not packed
 void pack_into(const WeightView& w, PackedWeights& out, uint8_t* dst);  // dst: zeroed, 64-aligned
+// Repack an F32/F16/BF16 matrix into the FloatPanels layout (kernels.h) at dst (zeroed,
+// 64-aligned, float_panel_bytes long).
+void pack_float_panels(const WeightView& w, FloatPanels& out, uint8_t* dst);
 // `bytes` of zeroed memory, 64-byte aligned; large blocks are 2 MiB aligned and asked to be
 // backed by huge pages (Linux THP, madvise mode): the weights and the KV cache are streamed
 // every token, and with 4 KiB pages each page costs a TLB walk. Throws BadModel when out of memory.
@@ -76,9 +79,11 @@ class Model {
     mutable ThreadPool pool;
 
   private:
-    // the matrices' own copies (quantized ones repacked, see PackedWeights), one arena
+    // the matrices' own copies (quantized ones repacked, see PackedWeights; float ones in
+    // panels, see FloatPanels), one arena; WeightView::data still points at the file's rows
     AlignedBytes arena_;
     std::vector<std::unique_ptr<PackedWeights>> packed_;
+    std::vector<std::unique_ptr<FloatPanels>> panels_;
     void own_weights(const std::vector<WeightView*>& mats);
 
     WeightView matrix(const std::map<std::string, const TensorIn*>& by_name, const std::string& name,

@@ -127,6 +127,17 @@ def test_report_renders_latest_full_run_between_markers(tmp_path):
     assert readme.read_text() == text  # idempotent
 
 
+def test_prefill_roof_is_the_peak_of_the_unit_the_weights_use():
+    """Quantized weights multiply on int8 VNNI, F32/F16/BF16 on fp32 FMAs: frac_peak divides a
+    prefill by that unit's peak (and frac_alt by the other); decode is bandwidth either way."""
+    import roofline
+    roof = {"read_llc_gbps": 50.0, "read_dram_gbps": 25.0, "vnni_int8_gops": 1600.0, "fma_fp32_gflops": 400.0}
+    assert roofline.fractions("pp512", 1000, roof, 10**8, 2.0e8, "Q4_1") == (200.0, "GOP/s", 0.125, 0.5)
+    assert roofline.fractions("pp512", 1000, roof, 10**8, 2.0e8, "BF16") == (200.0, "GOP/s", 0.5, 0.125)
+    for quant in ("Q8_0", "BF16"):
+        assert roofline.fractions("tg128", 100, roof, 10**8, 2.0e8, quant) == (10.0, "GB/s", 0.2, 0.4)
+
+
 def test_report_without_markers_or_runs_fails_loudly(tmp_path):
     (tmp_path / "README.md").write_text("no markers\n")
     with pytest.raises(FileNotFoundError):

@@ -58,16 +58,22 @@ def test_matmul_matches_reference(kind, n_tok):
     assert np.abs(ref - exact).max() <= 1e-5 * scale
 
 
-def test_matmul_batch_equals_one_by_one():
-    """A token's result must not depend on how many tokens share the call (prefill = decode)."""
+@pytest.mark.parametrize("kind", ["Q4_1", "F32", "F16", "BF16"])
+def test_matmul_batch_equals_one_by_one(kind):
+    """A token's result must not depend on how many tokens share the call (prefill = decode).
+    Float types: 150 rows end inside a 64-row band (and inside a 16-row group) of the AVX-512
+    panel layout, 83 columns leave BF16's last column pair half empty, and 11 tokens run as
+    tiles of 6 and 5 against 1."""
     rng = np.random.default_rng(1)
-    w = random_weights("Q4_1", 64, 128, rng)
-    x = rng.standard_normal((11, 128)).astype(np.float32)
+    rows, cols = (64, 128) if kind == "Q4_1" else (150, 83)
+    w = random_weights(kind, rows, cols, rng)
+    x = rng.standard_normal((11, cols)).astype(np.float32)
     for isa in ("ref", "avx512"):
-        batch = _native.kernel_matmul(isa, TYPES["Q4_1"], w, 64, 128, x)
-        single = np.concatenate([_native.kernel_matmul(isa, TYPES["Q4_1"], w, 64, 128, x[i:i + 1])
+        batch = _native.kernel_matmul(isa, TYPES[kind], w, rows, cols, x)
+        single = np.concatenate([_native.kernel_matmul(isa, TYPES[kind], w, rows, cols, x[i:i + 1])
                                  for i in range(11)])
         assert np.array_equal(batch, single), isa
+        assert np.isfinite(batch).all()
 
 
 @pytest.mark.parametrize("kind", list(TYPES))

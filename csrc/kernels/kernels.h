@@ -20,17 +20,42 @@ size_t row_bytes(int type, int64_t cols);
 const char* type_name(int type);
 
 struct PackedWeights;
+struct FloatPanels;
 
 // A weight matrix used in place: (rows, cols) in GGML block layout, rows contiguous.
-// Quantized matrices also carry an int8-friendly repacked copy (below) that the matmuls use.
+// Quantized matrices also carry an int8-friendly repacked copy and float ones a panel copy
+// (both below) that the AVX-512 matmuls use.
 struct WeightView {
     const uint8_t* data = nullptr;
     int type = GGML_F32;
     int64_t rows = 0, cols = 0;
     size_t row_bytes = 0;
     const PackedWeights* packed = nullptr;
+    const FloatPanels* panels = nullptr;
     const uint8_t* row(int64_t r) const { return data + r * row_bytes; }
 };
+
+// F32 / F16 / BF16 weights repacked at load for the AVX-512 float matmul: rows in bands of 64
+// (4 groups of 16, one zmm lane per row); a band's columns come in steps, each step holding
+// the 4 groups' weights side by side:
+//   BF16  a step is a column pair; per group 64 bytes, lane i = bf16(row i, column 2s) in the
+//         low half and bf16(row i, column 2s + 1) in the high half, so one shift or one mask
+//         widens either column to fp32 (an odd last column is paired with zeros)
+//   F16   a step is one column; per group 32 bytes (16 halves)
+//   F32   a step is one column; per group 64 bytes
+// Rows past the end (in the last band) are zero. With rows in the lanes a GEMM tile needs no
+// horizontal sums: a tile of 64 rows x 6 tokens keeps 24 accumulators, each weight vector
+// feeds 6 FMAs and each token's value is one broadcast (the row-major dot-product tile it
+// replaced ran BF16 prefill at 30% of the FMA peak, this one at 60-70%).
+constexpr int kPanelRows = 64;
+struct FloatPanels {
+    int type = GGML_BF16;
+    int64_t rows = 0, cols = 0, bands = 0, steps = 0;
+    size_t group_bytes = 0;          // 64, or 32 for F16
+    const uint8_t* data = nullptr;   // (bands, steps, 4, group_bytes), 64-byte aligned
+    const uint8_t* band(int64_t b) const { return data + size_t(b) * steps * 4 * group_bytes; }
+};
+size_t float_panel_bytes(int type, int64_t rows, int64_t cols);  // 0 for types that are not float
 
 // Q4_0 / Q4_1 / Q8_0 weights repacked at load for int8 dot products (vpdpbusd): rows in
 // groups of 16 (one zmm lane per row). Each (group, 32-column block) has a payload of chunks of
@@ -117,7 +142,9 @@ struct Kernels {
     const char* name;
     // y[t*ldy + r] = dot(W[r, :], x[t*ldx : t*ldx + cols]) for r in [r0, r1), t in [0, n).
     // The accumulation order for one (t, r) does not depend on n, so a batch of tokens gives
-    // the same bits as the tokens one by one.
+    // the same bits as the tokens one by one. For F32/F16/BF16 the AVX-512 version reads
+    // w.panels (r0 a multiple of kPanelRows; one FMA chain per (t, r), columns in order) and
+    // falls back to the reference without them; the reference reads the rows.
     void (*matmul)(const WeightView& w, int64_t r0, int64_t r1, const float* x, int n,
                    int64_t ldx, float* y, int64_t ldy);
     // dst[0:n] = dequantized first n elements of one row (n % 32 == 0 for quantized types).

@@ -211,6 +211,12 @@ size_t packed_payload_bytes(int type) {
     return type == GGML_Q8_0 ? 512 : (type == GGML_Q4_0 || type == GGML_Q4_1) ? 256 : 0;
 }
 
+size_t float_panel_bytes(int type, int64_t rows, int64_t cols) {
+    if (type != GGML_F32 && type != GGML_F16 && type != GGML_BF16) return 0;
+    const int64_t bands = (rows + kPanelRows - 1) / kPanelRows, steps = type == GGML_BF16 ? (cols + 1) / 2 : cols;
+    return size_t(bands) * steps * 4 * (type == GGML_F16 ? 32 : 64);
+}
+
 static void quantize_act_ref(const float* x, int n, int64_t cols, int64_t ld, int8_t* q, float* d, int32_t* c,
                              float* ds) {
     const int64_t nb = cols / QK;
