@@ -205,7 +205,7 @@ void register_kernels(py::module_& m) {
         float mx, *o = out.mutable_data();
         if (x.size()) {
             const float sum = kernels_for(isa).softmax_partial(o, int(x.size()), &mx);
-            for (py::ssize_t i = 0; i < x.size(); ++i) o[i] /= sum;  // normalized, for the tests
+            for (py::ssize_t i = 0; i < x.size(); ++i) o[i] /= sum;  // normalized (base 2), for the tests
         }
         return out;
     });

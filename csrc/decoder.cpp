@@ -261,7 +261,8 @@ void Context::attention(int layer, int n) {
     const Config& c = model_->cfg;
     const int hd = c.head_dim, kvd = c.kv_dim(), group = c.n_head / c.n_head_kv;
     const int n_splits_max = (n_ctx_ + kSplit - 1) / kSplit, pstride = hd + 2;
-    const float scale = 1.0f / std::sqrt(float(hd));
+    // scores in base-2 units: softmax_partial and the merge below use exp2 (kernels.h)
+    const float scale = 1.4426950408889634f / std::sqrt(float(hd));
     const bool h16 = kv_ == KvType::F16, q8 = kv_ == KvType::Q8_0;
     const uint8_t *K = kv_layer(kcache_, layer), *V = kv_layer(vcache_, layer);
     const int tb = std::max(1, kQB / group), units = (n + tb - 1) / tb;
@@ -341,7 +342,7 @@ void Context::attention(int layer, int n) {
                 float sum = 0.0f;
                 for (int s = 0; s < ns; ++s) {
                     const float* P = P0 + size_t(s) * pstride;
-                    const float w = std::exp(P[0] - mx);
+                    const float w = std::exp2(P[0] - mx);
                     sum += P[1] * w;
                     k_.axpy(w, P + 2, out, hd);
                 }

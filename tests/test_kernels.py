@@ -124,6 +124,20 @@ def test_swiglu_extremes():
     assert np.allclose(r, f, rtol=1e-6, atol=1e-30)
 
 
+
+def test_softmax_exp2_over_its_whole_range():
+    """The partial softmax is base 2 (the decoder folds log2(e) into the score scale). Every
+    fraction of [-0.5, 0.5] after the max, values that underflow to denormals or to zero, and a
+    -inf score (it must give exactly 0, not NaN), on both ISAs and with a 17-lane tail."""
+    frac = np.linspace(-0.5, 0.5, 33, dtype=np.float32)
+    x = np.concatenate([[3.0], 3.0 - frac - 1, [-20.25, -120.3, -146.6, -149.7, -150.5, -400, -np.inf]]).astype(np.float32)
+    exact = 2.0 ** (x.astype(np.float64) - 3.0)
+    exact /= exact.sum()
+    for isa in ("ref", "avx512"):
+        p = _native.kernel_softmax(isa, x)
+        assert np.all(np.isfinite(p)) and p[-1] == 0.0 and p[-2] == 0.0, isa
+        assert np.allclose(p, exact, rtol=1e-6, atol=1e-45), (isa, np.abs(p / np.where(exact > 0, exact, 1) - 1).max())
+
 @pytest.mark.parametrize("n,hd,stride", [(1, 64, 192), (7, 64, 64), (33, 32, 96), (130, 80, 80), (5, 128, 384)])
 def test_attention_kernels(n, hd, stride):
     rng = np.random.default_rng(n * hd)
@@ -139,6 +153,8 @@ def test_attention_kernels(n, hd, stride):
     report(f"attn_scores n={n} hd={hd}", ref_sc, _native.kernel_attn_scores("avx512", q, k, hd, scale))
     p_ref, p_fast = _native.kernel_softmax("ref", ref_sc * 4), _native.kernel_softmax("avx512", ref_sc * 4)
     assert report(f"softmax n={n}", p_ref, p_fast).max() <= 1e-6
+    e2 = 2.0 ** (ref_sc.astype(np.float64) * 4 - (ref_sc * 4).max())  # the kernel's softmax is base 2
+    assert np.allclose(p_fast, e2 / e2.sum(), rtol=1e-6, atol=1e-7)
     assert abs(p_fast.sum() - 1) < 1e-5
     o_ref, o_fast = _native.kernel_attn_values("ref", p_ref, v, hd), _native.kernel_attn_values("avx512", p_ref, v, hd)
     assert report(f"attn_values n={n} hd={hd}", o_ref, o_fast).max() <= 1e-5
@@ -235,13 +251,16 @@ def test_attention_kernels_for_a_query_group(nq, n, hd, stride):
         assert np.array_equal(one, _native.kernel_attn_values_h(isa, p, v.view(np.uint16), hd)), isa
 
 
+@pytest.mark.parametrize("n", [203, 256])
 @pytest.mark.parametrize("nq", [1, 3, 24, 30, 51])
-def test_attention_kernels_wide_query_groups(nq):
+def test_attention_kernels_wide_query_groups(nq, n):
     """Prefill scores a kv head's queries of several tokens together (groups of up to 24 per key
-    tile, positions in the lanes; values in groups of 6 per row block): exact against float64,
-    and each query's bits equal its own single-query call."""
+    tile, positions in the lanes, the queries read in place; values in groups of 12 per half row
+    block, or 6 per whole row): exact against float64, and each query's bits equal its own
+    single-query call. 203: a ragged last key tile and value block; 256: the decoder's score-row
+    stride, which the values kernel specializes."""
     rng = np.random.default_rng(nq)
-    n, hd = 203, 64  # a ragged last key tile and value block
+    hd = 64
     q = rng.standard_normal((nq, hd)).astype(np.float32)
     k = rng.standard_normal((n, 192)).astype(np.float16)
     v = rng.standard_normal((n, 192)).astype(np.float16)

@@ -179,8 +179,10 @@ struct Kernels {
                           float* out, int64_t ldo);
     // out[0:n] = fp16(x[0:n]), round to nearest even
     void (*to_f16)(const float* x, int64_t n, uint16_t* out);
-    // x[0:n] = exp(x[0:n] - m) in place with m = max(x[0:n]) (n >= 1); *max = m; returns the
-    // sum of the new x (an unnormalized softmax: attention merges these per cache split)
+    // x[0:n] = 2^(x[0:n] - m) in place with m = max(x[0:n]) (n >= 1); *max = m; returns the
+    // sum of the new x (an unnormalized softmax: attention merges these per cache split). Base 2
+    // because the decoder folds log2(e) into the score scale: exp2 needs no range-reduction
+    // multiply, and e^(s - m) = 2^(s log2(e) - m log2(e)).
     float (*softmax_partial)(float* x, int n, float* max);
     // For each of nq queries j: out[j*ldo + 0:hd] += sum_i p[j*ldp + i] * v[i*stride : +hd], one
     // chain per output value in position order (rows of V are not tiled). Like the scores, a

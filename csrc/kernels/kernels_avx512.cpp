@@ -328,13 +328,14 @@ inline void prefetch_bytes(const void* p, size_t bytes) {
 inline __m512 load_tile_row(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load_tile_row(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
 
-// Scores of G queries (q: (hd, G), channel-major, so one pointer with constant offsets reaches
-// them all) against the 16 x R positions of R consecutive key tiles (tile i0 / 16 on):
+// Scores of G queries (channel d of query g at q[d * DS + g * QS]: either channel-major (hd, G),
+// or as given, (G, 64), when the head size is 64; both reach every query value at a constant
+// offset from one pointer) against the 16 x R positions of R consecutive key tiles (tile i0 / 16 on):
 // G x R accumulators, one chain over the channels each; every tile row is loaded and converted
 // once for the G queries. G x R <= 24, and for R > 1 also G x (R + 1) <= 31: GCC then keeps each
 // query value broadcast in a register while the R tiles use it (6 x 4 spilled accumulators);
 // with R = 1 the broadcast is the FMA's memory operand and takes no register.
-template <typename T, int G, int R>
+template <typename T, int G, int R, int QS, int DS>
 inline void score_tiles(const float* q, int hd, const T* k, int64_t tstride, float scale, float* out, int64_t ldo,
                         int i0, int n) {
     __m512 a[G][R];
@@ -353,7 +354,7 @@ inline void score_tiles(const float* q, int hd, const T* k, int64_t tstride, flo
         for (int r = 0; r < R; ++r) {
             const __m512 kv = load_tile_row(k + r * tstride + d * kKeyTile);
 #pragma GCC unroll 24  // GCC's own heuristics left the 24-query loop rolled, accumulators in memory
-            for (int g = 0; g < G; ++g) a[g][r] = _mm512_fmadd_ps(_mm512_set1_ps(q[d * G + g]), kv, a[g][r]);
+            for (int g = 0; g < G; ++g) a[g][r] = _mm512_fmadd_ps(_mm512_set1_ps(q[d * DS + g * QS]), kv, a[g][r]);
         }
     }
     const __m512 s = _mm512_set1_ps(scale);
@@ -367,13 +368,26 @@ inline void score_tiles(const float* q, int hd, const T* k, int64_t tstride, flo
 }
 
 // `left` tiles from tile t for G queries: R at a time, then the rest with smaller R.
-template <typename T, int G, int R>
+// kDirect: the queries as given, (G, 64); otherwise channel-major (hd, G).
+template <typename T, int G, int R, bool kDirect>
 void score_run(const float* q, int hd, const T* k, int64_t tstride, float scale, float* out, int64_t ldo, int t,
                int left, int n) {
+    constexpr int QS = kDirect ? 64 : 1, DS = kDirect ? 1 : G;
     for (; left >= R; t += R, left -= R)
-        score_tiles<T, G, R>(q, hd, k + t * tstride, tstride, scale, out, ldo, t * kKeyTile, n);
+        score_tiles<T, G, R, QS, DS>(q, hd, k + t * tstride, tstride, scale, out, ldo, t * kKeyTile, n);
     if constexpr (R > 1)
-        if (left > 0) score_run<T, G, R / 2>(q, hd, k, tstride, scale, out, ldo, t, left, n);
+        if (left > 0) score_run<T, G, R / 2, kDirect>(q, hd, k, tstride, scale, out, ldo, t, left, n);
+}
+
+template <typename T, bool kDirect>
+void score_group(int g, const float* q, int hd, const T* k, int64_t tstride, float scale, float* out, int64_t ldo,
+                 int t0, int cnt, int n) {
+    if (g == 24) score_run<T, 24, 1, kDirect>(q, hd, k, tstride, scale, out, ldo, t0, cnt, n);
+    else if (g == 12) score_run<T, 12, 1, kDirect>(q, hd, k, tstride, scale, out, ldo, t0, cnt, n);
+    else if (g == 6) score_run<T, 6, 3, kDirect>(q, hd, k, tstride, scale, out, ldo, t0, cnt, n);
+    else if (g == 3) score_run<T, 3, 8, kDirect>(q, hd, k, tstride, scale, out, ldo, t0, cnt, n);
+    else if (g == 2) score_run<T, 2, 8, kDirect>(q, hd, k, tstride, scale, out, ldo, t0, cnt, n);
+    else score_run<T, 1, 8, kDirect>(q, hd, k, tstride, scale, out, ldo, t0, cnt, n);
 }
 
 template <typename T>
@@ -386,26 +400,28 @@ void attn_scores_t(const float* q, int nq, const T* k, int64_t tstride, int n, i
         const int left = nq - j;
         return left >= 24 ? 24 : left >= 12 ? 12 : left >= 6 ? 6 : left >= 3 ? 3 : left;
     };
+    // A head size of 64 reads the queries as given (constant offsets); any other size first
+    // copies each group channel-major. (The copy was 4% of prefill at 8k positions: it ran for
+    // every split.)
+    const bool direct = hd == 64;
     thread_local std::vector<float> qt;  // each group's queries channel-major: (hd, g)
-    qt.resize(size_t(nq) * hd);
-    for (int j = 0, g; j < nq; j += g) {
-        g = group_of(j);
-        for (int i = 0; i < g; ++i)
-            for (int d = 0; d < hd; ++d) qt[size_t(j) * hd + d * g + i] = q[(j + i) * hd + d];
+    if (!direct) {
+        qt.resize(size_t(nq) * hd);
+        for (int j = 0, g; j < nq; j += g) {
+            g = group_of(j);
+            for (int i = 0; i < g; ++i)
+                for (int d = 0; d < hd; ++d) qt[size_t(j) * hd + d * g + i] = q[(j + i) * hd + d];
+        }
     }
     const int tiles = (n + kKeyTile - 1) / kKeyTile;
     for (int t0 = 0; t0 < tiles; t0 += kPass) {
         const int cnt = std::min(kPass, tiles - t0);
         for (int j = 0; j < nq;) {
             const int g = group_of(j);
-            const float* qj = qt.data() + size_t(j) * hd;
+            const float* qj = (direct ? q : qt.data()) + size_t(j) * hd;
             float* oj = out + j * ldo;
-            if (g == 24) score_run<T, 24, 1>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
-            else if (g == 12) score_run<T, 12, 1>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
-            else if (g == 6) score_run<T, 6, 3>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
-            else if (g == 3) score_run<T, 3, 8>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
-            else if (g == 2) score_run<T, 2, 8>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
-            else score_run<T, 1, 8>(qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
+            if (direct) score_group<T, true>(g, qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
+            else score_group<T, false>(g, qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
             j += g;
         }
     }
@@ -418,6 +434,23 @@ void attn_scores_avx512(const float* q, int nq, const float* k, int64_t tstride,
 void attn_scores_h_avx512(const float* q, int nq, const uint16_t* k, int64_t tstride, int n, int hd, float scale,
                           float* out, int64_t ldo) {
     attn_scores_t(q, nq, k, tstride, n, hd, scale, out, ldo);
+}
+
+// 2^t: t = k + r with k = round(t) and r in [-0.5, 0.5] (exact), 2^r by a degree-5 polynomial
+// (least squares on Chebyshev nodes, 1.8e-7 relative in fp32), 2^k applied by scalef. Softmax
+// works in base 2 (kernels.h), so unlike exp512 there is no multiply by log2(e) and no two-step
+// range reduction. The clamp maps -inf to 0 and keeps r finite.
+inline __m512 exp2_512(__m512 t) {
+    t = _mm512_max_ps(t, _mm512_set1_ps(-150.0f));
+    const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_sub_ps(t, k);
+    __m512 p = _mm512_set1_ps(1.3218674576e-03f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.6717029810e-03f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.5508930236e-02f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022237957e-01f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9314688444e-01f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, k);
 }
 
 float softmax_partial_avx512(float* x, int n, float* max) {
@@ -434,8 +467,8 @@ float softmax_partial_avx512(float* x, int n, float* max) {
     const __m512 vmax = _mm512_set1_ps(m);
     __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
     for (i = 0; i + 32 <= n; i += 32) {
-        const __m512 e0 = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmax));
-        const __m512 e1 = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i + 16), vmax));
+        const __m512 e0 = exp2_512(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmax));
+        const __m512 e1 = exp2_512(_mm512_sub_ps(_mm512_loadu_ps(x + i + 16), vmax));
         s0 = _mm512_add_ps(s0, e0);
         s1 = _mm512_add_ps(s1, e1);
         _mm512_storeu_ps(x + i, e0);
@@ -443,7 +476,7 @@ float softmax_partial_avx512(float* x, int n, float* max) {
     }
     for (; i < n; i += 16) {
         const __mmask16 k = tail_mask(n - i);
-        const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), vmax));
+        const __m512 e = exp2_512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), vmax));
         s0 = _mm512_mask_add_ps(s0, k, s0, e);
         _mm512_mask_storeu_ps(x + i, k, e);
     }
@@ -454,17 +487,20 @@ float softmax_partial_avx512(float* x, int n, float* max) {
 // out[g] += sum_i p[g][i] v[i] for G queries: each value row is loaded and converted once for
 // all of them; one chain per output value, in position order, whatever G is. HD > 0 fixes the
 // head size (64: no run-time lane checks in the loop); the arithmetic is the same either way.
-template <typename T, int G, int HD>
-void values_group(const float* p, int64_t ldp, const T* v, int64_t stride, int n, int hd_, float* out, int64_t ldo) {
+template <typename T, int G, int HD, int NV = 4, int LDP = 0>
+void values_group(const float* p, int64_t ldp_, const T* v, int64_t stride, int n, int hd_, float* out, int64_t ldo) {
     const int hd = HD ? HD : hd_;
-    for (int d0 = 0; d0 < hd; d0 += 64) {  // up to 64 output lanes stay in registers
-        const int w = hd - d0 < 64 ? hd - d0 : 64;
-        const __mmask16 m[4] = {tail_mask(w), tail_mask(w - 16), tail_mask(w - 32), tail_mask(w - 48)};
-        __m512 acc[G][4];
-#pragma GCC unroll 8
+    const int64_t ldp = LDP ? LDP : ldp_;
+    constexpr int kW = 16 * NV;
+    for (int d0 = 0; d0 < hd; d0 += kW) {  // up to 16 x NV output lanes stay in registers
+        const int w = hd - d0 < kW ? hd - d0 : kW;
+        __mmask16 m[NV];
+        for (int j = 0; j < NV; ++j) m[j] = tail_mask(w - 16 * j);
+        __m512 acc[G][NV];
+#pragma GCC unroll 16
         for (int g = 0; g < G; ++g)
 #pragma GCC unroll 4
-            for (int j = 0; j < 4; ++j) acc[g][j] = _mm512_maskz_loadu_ps(m[j], out + g * ldo + d0 + 16 * j);
+            for (int j = 0; j < NV; ++j) acc[g][j] = _mm512_maskz_loadu_ps(m[j], out + g * ldo + d0 + 16 * j);
         for (int i = 0; i < n; ++i) {
             const T* vi = v + i * stride + d0;
             if (d0 == 0) {
@@ -472,22 +508,22 @@ void values_group(const float* p, int64_t ldp, const T* v, int64_t stride, int n
                     for (int o = 0; o < HD * int(sizeof(T)); o += 64) _mm_prefetch((const char*)(vi + 2 * kRowsAhead * stride) + o, _MM_HINT_T1);
                 else prefetch_bytes(vi + 2 * kRowsAhead * stride, size_t(hd) * sizeof(T));
             }
-            __m512 vv[4];
+            __m512 vv[NV];
 #pragma GCC unroll 4
-            for (int j = 0; j < 4; ++j)
+            for (int j = 0; j < NV; ++j)
                 if (16 * j < w) vv[j] = HD ? load_kv(vi + 16 * j, __mmask16(0xFFFF)) : load_kv(vi + 16 * j, m[j]);
-#pragma GCC unroll 8  // left to itself GCC kept the loops rolled, accumulators in memory
+#pragma GCC unroll 16  // left to itself GCC kept the loops rolled, accumulators in memory
             for (int g = 0; g < G; ++g) {
                 const __m512 pg = _mm512_set1_ps(p[g * ldp + i]);
 #pragma GCC unroll 4
-                for (int j = 0; j < 4; ++j)
+                for (int j = 0; j < NV; ++j)
                     if (16 * j < w) acc[g][j] = _mm512_fmadd_ps(pg, vv[j], acc[g][j]);
             }
         }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int g = 0; g < G; ++g)
 #pragma GCC unroll 4
-            for (int j = 0; j < 4; ++j)
+            for (int j = 0; j < NV; ++j)
                 if (16 * j < w) _mm512_mask_storeu_ps(out + g * ldo + d0 + 16 * j, m[j], acc[g][j]);
     }
 }
@@ -503,17 +539,23 @@ void attn_values_t(const float* p, int64_t ldp, int nq, const T* v, int64_t stri
                    int64_t ldo) {
     // Blocks of 32 rows, queries in groups of up to 6 (24 accumulators) inner: a block stays in
     // L1 while every group uses it. The partial sums go through `out` between blocks (exact).
-    // (Widening an fp16 block to fp32 once for all groups measured slower: the conversions are
-    // not what bounds this loop.)
+    // fp16 rows of 64 channels take 12 queries over each half row instead (24 accumulators too):
+    // half as many widenings per query, kernel alone +5-10%. (Widening a whole fp16 block to
+    // fp32 once for all groups measured no faster in the engine.)
     constexpr int kBlock = 32;
+    const bool halves = sizeof(T) == 2 && hd == 64;
     for (int i0 = 0; i0 < n; i0 += kBlock) {
         const int cnt = std::min(kBlock, n - i0);
         const T* vb = v + i0 * stride;
         for (int j = 0; j < nq;) {
-            const int g = nq - j >= 6 ? 6 : nq - j >= 4 ? 4 : nq - j;
+            const int g = halves && nq - j >= 12 ? 12 : nq - j >= 6 ? 6 : nq - j >= 4 ? 4 : nq - j;
             const float* pj = p + j * ldp + i0;
             float* oj = out + j * ldo;
-            if (g == 6) values_group<T, 6>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
+            // the decoder's score rows are kSplit = 256 floats apart: as a constant, the 12
+            // broadcasts are offsets from one pointer (a run-time stride spilled registers)
+            if (g == 12 && ldp == 256) values_group<T, 12, 64, 2, 256>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
+            else if (g == 12) values_group<T, 12, 64, 2>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
+            else if (g == 6) values_group<T, 6>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
             else if (g == 4) values_group<T, 4>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
             else if (g == 3) values_group<T, 3>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
             else if (g == 2) values_group<T, 2>(pj, ldp, vb, stride, cnt, hd, oj, ldo);

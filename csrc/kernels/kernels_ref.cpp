@@ -194,7 +194,7 @@ static float softmax_partial_ref(float* x, int n, float* max) {
     for (int i = 1; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
     float sum = 0.0f;
     for (int i = 0; i < n; ++i) {
-        x[i] = std::exp(x[i] - mx);
+        x[i] = std::exp2(x[i] - mx);
         sum += x[i];
     }
     *max = mx;
