@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "decoder.h"
+#include "sampler.h"
 
 namespace py = pybind11;
 using namespace zen5;
@@ -240,6 +241,14 @@ PYBIND11_MODULE(_native, m) {
     m.attr("isa") = active.name;
     m.attr("version") = ZEN5_VERSION;
     m.def("avx512_supported", &cpu_supports_avx512);
+    // sampler.h; the Python Sampler draws u from its seeded Generator
+    m.def("sample_token", [](F32Array logits, double temperature, int top_k, double top_p, double min_p, double u) {
+        const py::ssize_t n = logits.size();
+        if (n == 0 || n > INT32_MAX) throw ZenError("logits must hold 1 to 2^31-1 values");
+        if (!(temperature > 0.0) || !(top_p > 0.0 && top_p <= 1.0) || !(min_p >= 0.0 && min_p <= 1.0) || !(u >= 0.0 && u < 1.0))
+            throw ZenError("sample_token: temperature > 0, top_p in (0, 1], min_p in [0, 1], u in [0, 1)");
+        return sample_token(logits.data(), int(n), temperature, top_k, top_p, min_p, u);
+    }, py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("u"));
     m.def("hardware_threads", [] { return int(std::thread::hardware_concurrency()); });
 
     py::class_<PyModel>(m, "Model")

@@ -72,3 +72,76 @@ def test_first_stop_is_the_earliest_match_and_the_first_listed_on_a_tie():
     assert first_stop("abc", ["bc", "b"]) == (1, "bc")      # same index: the first listed
     assert first_stop("abc", ["x"]) is None and find_stop("abc", ["x"]) is None
     assert find_stop("a stop here", ["stop"]) == 2
+
+
+def _plain_sample(params: SamplingParams, rng: np.random.Generator, logits: np.ndarray) -> int:
+    """The filters written plainly over the whole vocabulary, sorted (the oracle for the
+    sampler's threshold cut): top-k, top-p, min-p on temperature-scaled probabilities."""
+    x = logits.astype(np.float64)
+    with np.errstate(over="ignore"):
+        x = (x - x.max()) / params.temperature
+    ids = np.arange(x.size)
+    if params.top_k and params.top_k < x.size:
+        ids = np.sort(np.argpartition(-x, params.top_k - 1)[: params.top_k])
+    ids = ids[np.argsort(-x[ids], kind="stable")]  # most likely first, ties by id
+    probs = np.exp(x[ids] - x[ids[0]])
+    probs /= probs.sum()
+    if params.top_p < 1.0:
+        keep = int(np.searchsorted(np.cumsum(probs), params.top_p) + 1)
+        ids, probs = ids[:keep], probs[:keep]
+    if params.min_p > 0.0:
+        keep = probs >= params.min_p * probs[0]
+        ids, probs = ids[keep], probs[keep]
+    return int(ids[rng.choice(len(ids), p=probs / probs.sum())])
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(top_k=0), dict(top_k=0, min_p=0.0), dict(top_k=5, top_p=1.0, min_p=0.0),
+                                dict(temperature=1.7, top_p=0.5), dict(temperature=0.3, top_k=200, min_p=0.0),
+                                dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), dict(temperature=4.0, top_k=0, min_p=0.0)])
+def test_the_threshold_cut_samples_what_the_plain_filters_sample(kw):
+    """The sampler cuts the vocabulary by a threshold before filtering (sorting all 49k logits
+    cost 0.5 ms per token); seeded, it must pick exactly the tokens the plain definition picks,
+    for flat and peaked distributions over a real vocabulary size, with masked tokens."""
+    rng = np.random.default_rng(7)
+    for scale in (0.5, 3.0, 12.0):
+        logits = (rng.standard_normal(49152) * scale).astype(np.float32)
+        logits[rng.choice(49152, 500, replace=False)] = -np.inf
+        params = SamplingParams(seed=11, **kw)
+        ours, plain_rng = Sampler(params), np.random.default_rng(11)
+        got = [ours.sample(logits) for _ in range(30)]
+        assert got == [_plain_sample(params, plain_rng, logits) for _ in range(30)], scale
+
+
+def test_logprobs_over_a_real_vocabulary_equal_the_full_log_softmax():
+    """token_logprob computes log_softmax's values for the reported tokens only, and finds the
+    top n by a threshold cut: the same ids, order and bits as the full computation."""
+    rng = np.random.default_rng(3)
+    for scale in (0.3, 4.0):
+        logits = (rng.standard_normal(49152) * scale).astype(np.float32)
+        logits[:100] = -np.inf
+        full = log_softmax(logits)
+        for tok, n in ((5, 0), (123, 1), (40000, 7), (int(np.argmax(logits)), 20)):
+            got = Sampler(SamplingParams(logprobs=n)).logprob(logits, tok)
+            best = np.argsort(-full, kind="stable")[:n]
+            assert got.logprob == full[tok]
+            assert [t for t, _ in got.top] == best.tolist() and [v for _, v in got.top] == full[best].tolist()
+
+
+def test_ties_rank_by_lower_id_and_bad_logits_fall_back_to_the_argmax():
+    """Equal logits rank by token id (top_k=3 of a flat vector keeps tokens 0-2); a NaN logit
+    makes the native sampler draw nothing and the Sampler fall back to argmax; the native entry
+    point refuses out-of-range parameters with a clear error."""
+    from zen5 import ZenError, _native
+    flat = np.zeros(1000, np.float32)
+    s = Sampler(SamplingParams(seed=0, temperature=1.0, top_k=3, top_p=1.0, min_p=0.0))
+    assert {s.sample(flat) for _ in range(200)} == {0, 1, 2}
+    bad = LOGITS.copy()
+    bad[3] = np.nan
+    assert _native.sample_token(bad, 1.0, 0, 1.0, 0.0, 0.5) == -1
+    assert Sampler(SamplingParams(seed=0)).sample(bad) == int(np.argmax(bad))
+    assert _native.sample_token(np.full(4, -np.inf, np.float32), 1.0, 2, 1.0, 0.0, 0.5) == -1
+    for args in [(0.0, 40, 0.9, 0.0, 0.5), (1.0, 40, 0.0, 0.0, 0.5), (1.0, 40, 0.9, 1.5, 0.5), (1.0, 40, 0.9, 0.0, 1.0)]:
+        with pytest.raises(ZenError):
+            _native.sample_token(LOGITS, *args)
+    with pytest.raises(ZenError):
+        _native.sample_token(np.zeros(0, np.float32), 1.0, 0, 1.0, 0.0, 0.5)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from zen5 import _native
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -57,37 +59,46 @@ class Sampler:
         p = self.params
         if p.temperature == 0 or p.top_k == 1:
             return int(np.argmax(logits))
-        # shift first: a tiny temperature then sends the others to -inf, never the top to +inf
-        # (inf - inf would make the probabilities NaN); masked tokens (-inf) stay -inf
-        x = logits.astype(np.float64)
-        with np.errstate(over="ignore"):
-            x = (x - x.max()) / p.temperature
-        if p.top_k and p.top_k < x.size:
-            ids = np.argpartition(-x, p.top_k - 1)[: p.top_k]
-        else:
-            ids = np.arange(x.size)
-        ids = ids[np.argsort(-x[ids], kind="stable")]  # most likely first
-        probs = np.exp(x[ids] - x[ids[0]])
-        probs /= probs.sum()
-        if p.top_p < 1.0:
-            keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
-            ids, probs = ids[:keep], probs[:keep]
-        if p.min_p > 0.0:
-            keep = probs >= p.min_p * probs[0]
-            ids, probs = ids[keep], probs[keep]
-        probs = probs / probs.sum()
-        return int(ids[self.rng.choice(len(ids), p=probs)])
+        # One uniform draw, mapped to a token as Generator.choice(p=...) maps it (the filters and
+        # the mapping run natively: numpy's version cost ~200 us per decoded token, see sampler.h)
+        u = float(self.rng.random())
+        tok = _native.sample_token(np.asarray(logits, np.float32), p.temperature, p.top_k, p.top_p, p.min_p, u)
+        return tok if tok >= 0 else int(np.argmax(logits))  # NaN, or no finite max: the argmax
 
     def logprob(self, logits: np.ndarray, token_id: int) -> TokenLogprob:
         return token_logprob(logits, token_id, self.params.logprobs)
 
 
 def token_logprob(logits: np.ndarray, token_id: int, n: int) -> TokenLogprob:
-    """The model's log-probability of `token_id` and its `n` most likely tokens, best first."""
-    lp = log_softmax(logits)
-    top = np.argpartition(-lp, n - 1)[:n] if n else np.array([], dtype=np.int64)
-    top = top[np.argsort(-lp[top], kind="stable")]
-    return TokenLogprob(token_id, float(lp[token_id]), tuple((int(i), float(lp[i])) for i in top))
+    """The model's log-probability of `token_id` and its `n` most likely tokens, best first
+    (log_softmax's values, computed for those tokens only)."""
+    x = np.asarray(logits)
+    top = float(x.max())
+    if not np.isfinite(top):
+        lp = log_softmax(x)
+        return TokenLogprob(token_id, float(lp[token_id]), tuple((int(i), float(lp[i])) for i in
+                                                                  np.argsort(-lp, kind="stable")[:n]))
+    log_z = np.log(np.exp(x.astype(np.float64) - top).sum())
+
+    def lp(i):
+        return (np.float64(x[i]) - top) - log_z
+
+    ids = largest(x, n, top) if n else np.array([], dtype=np.int64)
+    ids = ids[np.argsort(-x[ids], kind="stable")]
+    return TokenLogprob(token_id, float(lp(token_id)), tuple((int(i), float(lp(i))) for i in ids))
+
+
+def largest(x: np.ndarray, k: int, top: float) -> np.ndarray:
+    """Ids, ascending, of the k largest of x (1 <= k; which of equal values at the k-th is
+    arbitrary): a threshold cut widened until it holds k, then a partition of the cut only."""
+    if k >= x.size:
+        return np.arange(x.size)
+    width = 8.0
+    while True:
+        cand = np.flatnonzero(x >= top - width) if width < 1e30 else np.arange(x.size)
+        if cand.size >= k:
+            return np.sort(cand[np.argpartition(-x[cand], k - 1)[:k]]) if cand.size > k else cand
+        width *= 16.0
 
 
 # ---- stop strings (shared by every generation loop) ----------------------------------------
