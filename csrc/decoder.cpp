@@ -71,7 +71,7 @@ Context::Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* k
     up_.resize(size_t(kChunk) * c.n_ff);
     const int tb = std::max(kQB / (c.n_head / c.n_head_kv), 1);  // tokens per attention unit
     scores_.resize(size_t(model_->pool.size()) * tb * c.n_head * kSplit);
-    qg_.resize(size_t(model_->pool.size()) * tb * (c.n_head / c.n_head_kv) * c.head_dim);
+    qh_.resize(size_t(kChunk) * c.q_dim());
     part_.resize(size_t(kChunk) * c.n_head * ((n_ctx + kSplit - 1) / kSplit) * (c.head_dim + 2));
     pending_.reset(new std::atomic<int>[kChunk]);  // attention units: at most one per token
     logits_.assign(c.vocab_size, 0.0f);
@@ -192,17 +192,23 @@ void Context::rope_table(int n) {
 void Context::apply_rope(float* v, int n_heads, const float* cs) const {
     // cs: (head_dim / 2) pairs of cos, sin. neox pairs element i with i + d/2 (HF layout);
     // otherwise adjacent elements 2i, 2i+1 (GGUF llama).
+    // (A head at a time with the pairs innermost, so GCC vectorizes both layouts.)
     const int d = model_->cfg.head_dim, half = d / 2;
     const bool neox = model_->cfg.rope_neox;
-    for (int i = 0; i < half; ++i) {
-        const float cos_ = cs[2 * i], sin_ = cs[2 * i + 1];
-        for (int h = 0; h < n_heads; ++h) {
-            float* p = v + h * d;
-            const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-            const float x0 = p[a], x1 = p[b];
-            p[a] = x0 * cos_ - x1 * sin_;
-            p[b] = x0 * sin_ + x1 * cos_;
-        }
+    for (int h = 0; h < n_heads; ++h) {
+        float* p = v + h * d;
+        if (neox)
+            for (int i = 0; i < half; ++i) {
+                const float x0 = p[i], x1 = p[i + half], c = cs[2 * i], s = cs[2 * i + 1];
+                p[i] = x0 * c - x1 * s;
+                p[i + half] = x0 * s + x1 * c;
+            }
+        else
+            for (int i = 0; i < half; ++i) {
+                const float x0 = p[2 * i], x1 = p[2 * i + 1], c = cs[2 * i], s = cs[2 * i + 1];
+                p[2 * i] = x0 * c - x1 * s;
+                p[2 * i + 1] = x0 * s + x1 * c;
+            }
     }
 }
 
@@ -305,14 +311,9 @@ void Context::attention(int layer, int n) {
         // then start on a block, and a token's blocks are the same as when it runs alone)
         const int common = q8 ? std::max(0, cnt_of(t0)) / 32 * 32 : std::max(0, cnt_of(t0));
         float* S = scores_.data() + size_t(thread) * tb * c.n_head * kSplit;  // (n_head_kv, tb x group, kSplit)
-        float* Qg = qg_.data() + size_t(thread) * tb * group * hd;
         auto srow = [&](int kvh, int t) { return S + (size_t(kvh) * tb + (t - t0)) * group * kSplit; };
-        for (int kvh = 0; kvh < c.n_head_kv; ++kvh) {
-            for (int t = t0; t < t1; ++t)  // the kv head's queries of the unit, side by side
-                std::memcpy(Qg + size_t(t - t0) * group * hd, q_.data() + (size_t(t) * c.n_head + kvh * group) * hd,
-                            sizeof(float) * group * hd);
-            scores(Qg, nq, kvh, c0, c1 - c0, srow(kvh, t0));
-        }
+        for (int kvh = 0; kvh < c.n_head_kv; ++kvh)  // the kv head's queries of the unit, side by side
+            scores(qh_.data() + (size_t(kvh) * kChunk + t0) * group * hd, nq, kvh, c0, c1 - c0, srow(kvh, t0));
         for (int t = t0; t < t1; ++t) {
             const int cnt = cnt_of(t);
             for (int kvh = 0; cnt > 0 && kvh < c.n_head_kv; ++kvh)
@@ -355,7 +356,7 @@ void Context::attention(int layer, int n) {
 void Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
     const Model& m = *model_;
     const Config& c = m.cfg;
-    const int E = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff, hd = c.head_dim;
+    const int E = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff, hd = c.head_dim, group = c.n_head / c.n_head_kv;
 
     for (int t = 0; t < n; ++t)  // x: (n, E)
         k_.dequant_row(m.tok_embd.type, m.tok_embd.row(tokens[t]), E, x_.data() + size_t(t) * E);
@@ -386,6 +387,9 @@ void Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
                 apply_rope(q, c.n_head, cs);
                 apply_rope(k, c.n_head_kv, cs);
                 store_kv(l, n_past_ + t, k, v);
+                for (int h = 0; h < c.n_head_kv; ++h)  // attention reads a kv head's queries of a unit in one run
+                    std::memcpy(qh_.data() + (size_t(h) * kChunk + t) * group * hd, q + size_t(h) * group * hd,
+                                sizeof(float) * group * hd);
             }
         });
         attention(l, n);                            // att: (n, Q)

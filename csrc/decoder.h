@@ -91,7 +91,7 @@ class Context {
     // scratch, (kChunk, width)
     std::vector<float> x_, xb_, q_, kx_, vx_, att_, gate_, up_;
     std::vector<float> scores_;  // (threads, n_head_kv, kQB / group x group, kSplit)
-    std::vector<float> qg_;      // (threads, kQB / group x group, hd): a kv head's queries of a unit
+    std::vector<float> qh_;      // (n_head_kv, kChunk, group, hd): the roped queries by kv head
     // attention partials per (query vector, split): max, sum of exp, unnormalized output (hd);
     // query vectors ordered (kv head, token, query of the group) so a kv head's are consecutive
     std::vector<float> part_;    // (n_head_kv, kChunk, group, splits, hd + 2)
