@@ -46,7 +46,8 @@ struct WeightView {
 // Rows past the end (in the last band) are zero. With rows in the lanes a GEMM tile needs no
 // horizontal sums: a tile of 64 rows x 6 tokens keeps 24 accumulators, each weight vector
 // feeds 6 FMAs and each token's value is one broadcast (the row-major dot-product tile it
-// replaced ran BF16 prefill at 37% of the FMA peak, this one at 63-76% over three recorded runs).
+// replaced ran BF16 prefill at 37% of the FMA peak, this one at 63-76% in three recorded
+// runs).
 constexpr int kPanelRows = 64;
 struct FloatPanels {
     int type = GGML_BF16;
