@@ -295,13 +295,17 @@ void Context::attention(int layer, int n) {
         return part_.data() + ((size_t(kvh) * kChunk + t) * group * n_splits_max + split) * pstride;
     };
     const int splits = (n_past_ + n + kSplit - 1) / kSplit;  // of the last token
+    // A decoded token's tasks are (split, kv head): under 2 x kSplit positions a split per task
+    // would leave a thread idle. Prefill has units enough. (Which task computes what never
+    // changes the arithmetic.)
+    const int kvt = n == 1 ? c.n_head_kv : 1, heads = c.n_head_kv / kvt;
     for (int u = 0; u < units; ++u) {
         const int t1 = std::min(n, (u + 1) * tb);
-        pending_[u].store((len_of(t1 - 1) + kSplit - 1) / kSplit, std::memory_order_relaxed);
+        pending_[u].store((len_of(t1 - 1) + kSplit - 1) / kSplit * kvt, std::memory_order_relaxed);
     }
     // split-major: the two threads work on neighbouring cache positions
-    model_->pool.run(units * splits, [&](int task, int thread) {
-        const int u = task % units, split = task / units;
+    model_->pool.run(units * splits * kvt, [&](int task, int thread) {
+        const int u = task % units, split = task / units / kvt, h0 = task / units % kvt * heads, h1 = h0 + heads;
         const int t0 = u * tb, t1 = std::min(n, t0 + tb), nq = (t1 - t0) * group;
         const int c0 = split * kSplit, c1 = std::min(c0 + kSplit, len_of(t1 - 1));
         if (c0 >= c1) return;  // no token of this unit reaches this split
@@ -312,18 +316,18 @@ void Context::attention(int layer, int n) {
         const int common = q8 ? std::max(0, cnt_of(t0)) / 32 * 32 : std::max(0, cnt_of(t0));
         float* S = scores_.data() + size_t(thread) * tb * c.n_head * kSplit;  // (n_head_kv, tb x group, kSplit)
         auto srow = [&](int kvh, int t) { return S + (size_t(kvh) * tb + (t - t0)) * group * kSplit; };
-        for (int kvh = 0; kvh < c.n_head_kv; ++kvh)  // the kv head's queries of the unit, side by side
+        for (int kvh = h0; kvh < h1; ++kvh)  // the kv head's queries of the unit, side by side
             scores(qh_.data() + (size_t(kvh) * kChunk + t0) * group * hd, nq, kvh, c0, c1 - c0, srow(kvh, t0));
         for (int t = t0; t < t1; ++t) {
             const int cnt = cnt_of(t);
-            for (int kvh = 0; cnt > 0 && kvh < c.n_head_kv; ++kvh)
+            for (int kvh = h0; cnt > 0 && kvh < h1; ++kvh)
                 for (int g = 0; g < group; ++g) {
                     float* P = partial(t, kvh, split) + size_t(g) * ldp;
                     P[1] = k_.softmax_partial(srow(kvh, t) + size_t(g) * kSplit, cnt, &P[0]);
                     std::memset(P + 2, 0, sizeof(float) * hd);
                 }
         }
-        for (int kvh = 0; kvh < c.n_head_kv; ++kvh) {
+        for (int kvh = h0; kvh < h1; ++kvh) {
             // positions all of the unit's tokens see, then each token's own remainder (the
             // diagonal): a query's sum runs over its positions in order either way
             if (common > 0) values(srow(kvh, t0), nq, kvh, c0, common, partial(t0, kvh, split) + 2);

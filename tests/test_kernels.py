@@ -251,13 +251,13 @@ def test_attention_kernels_for_a_query_group(nq, n, hd, stride):
         assert np.array_equal(one, _native.kernel_attn_values_h(isa, p, v.view(np.uint16), hd)), isa
 
 
-@pytest.mark.parametrize("n", [203, 256])
+@pytest.mark.parametrize("n", [203, 512])
 @pytest.mark.parametrize("nq", [1, 3, 24, 30, 51])
 def test_attention_kernels_wide_query_groups(nq, n):
     """Prefill scores a kv head's queries of several tokens together (groups of up to 24 per key
     tile, positions in the lanes, the queries read in place; values in groups of 12 per half row
     block, or 6 per whole row): exact against float64, and each query's bits equal its own
-    single-query call. 203: a ragged last key tile and value block; 256: the decoder's score-row
+    single-query call. 203: a ragged last key tile and value block; 512: the decoder's score-row
     stride, which the values kernel specializes."""
     rng = np.random.default_rng(nq)
     hd = 64

@@ -34,7 +34,7 @@ def test_batch_vs_token_by_token_vs_rewind(smollm2):
 
 
 def test_long_batch_equals_tokens_one_by_one_across_splits(smollm2):
-    """Past 256 positions attention runs in cache splits, prefill in 256-token chunks and
+    """Past 512 positions attention runs in cache splits, prefill in 256-token chunks and
     several tokens' queries per kernel call; none of it may change a token's bits."""
     eng = smollm2
     toks = (eng.tokenizer.encode(TEXT) * 40)[:620]

@@ -164,17 +164,17 @@ def test_chat_logprobs_match_reference(smollm2_path, smol_ref):
 @pytest.mark.parametrize("isa", ISAS)
 def test_q8_attention_kernels_match_the_reference_algorithm(isa):
     """torch_ref.q8_attention (the whole q8_0 attention, written plainly) against the engine's
-    two kernels composed as the decoder does: per 256-position split the scores, their
+    two kernels composed as the decoder does: per 512-position split the scores, their
     unnormalized softmax, the weighted values; then the splits merged."""
     from torch_ref import q8_attention, q8_split
     rng = np.random.default_rng(3)
-    n, hd, split = 600, 64, 256
+    n, hd, split = 600, 64, 512
     q, k, v = (torch.tensor(rng.standard_normal((1, n, hd)) * 2, dtype=torch.float32) for _ in range(3))
     ref = q8_attention(q, k, v)[0].numpy()
     (ki, kd), (vi, vd) = q8_split(k[0]), q8_split(v[0])
     k8, v8 = ki.numpy().astype(np.int8), vi.numpy().astype(np.int8)
     ks, vs = kd[:, 0].numpy(), vd[:, 0].numpy()
-    for t in (0, 5, 255, 256, 300, 511, 599):
+    for t in (0, 5, 255, 256, 300, 511, 512, 599):
         parts = []
         for c0 in range(0, t + 1, split):
             c1 = min(c0 + split, t + 1)

@@ -119,7 +119,7 @@ def q8_roundtrip(x: torch.Tensor) -> torch.Tensor:
     return q * d
 
 
-def q8_attention(q, k, v, split: int = 256, block: int = 32) -> torch.Tensor:
+def q8_attention(q, k, v, split: int = 512, block: int = 32) -> torch.Tensor:
     """Causal attention the way the engine runs it over a q8_0 cache (kernels.h), written
     plainly: K and V as int8 x a scale per position and head; each query int8 too (its own
     scale); scores softmaxed per split of `split` positions (max and sum per split, merged at
