@@ -49,8 +49,7 @@ class Context {
 
     static constexpr int kChunk = 256;  // tokens per prefill step: weights stream once per chunk (64 -> 256: pp512 +7-15%)
     static constexpr int kQB = 24;     // query vectors per kv head in an attention task (the widest score group)
-    static constexpr int kSplit = 512; // cache positions per attention split, whole key tiles (256 -> 512:
-                                       // half the merges and per-task query work; prefill at 7,680 +7% f16, +11-16% q8_0)
+    static constexpr int kSplit = kAttnSplit;  // cache positions per attention split (kernels.h)
 
   private:
     void forward_chunk(const int32_t* tokens, int n, float* all_logits);

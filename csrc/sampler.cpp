@@ -92,6 +92,9 @@ bool above(const float* x, int n, double cut, std::vector<int>& ids, float* top)
 int sample_token(const float* x, int n, double temperature, int top_k, double top_p, double min_p, double u) {
     const int k = top_k > 0 && top_k < n ? top_k : n;
     const Before before{x};
+    // exp of a token's scaled logit: shifted first, so a tiny temperature sends the others to
+    // -inf and never the top to +inf; masked tokens (-inf) weigh 0
+    auto weight = [&](int i, double top) { return std::exp((double(x[i]) - top) / temperature); };
     std::vector<int> ids;
     std::vector<double> p;  // exp(s - s_top) of ids, then the probabilities
     float top_f;
@@ -111,24 +114,21 @@ int sample_token(const float* x, int n, double temperature, int top_k, double to
             if (w > 4096.0 || int(ids.size()) == n || (min_p > 0.0 && w >= 1.0 - std::log(min_p))) break;
             if (top_p < 1.0) {  // the cut is a prefix of the ranked vocabulary: is the cutoff in it?
                 if (z == 0.0)
-                    for (int i = 0; i < n; ++i) z += std::exp((double(x[i]) - m) / temperature);
+                    for (int i = 0; i < n; ++i) z += weight(i, m);
                 double cum = 0.0;
-                for (int i : ids) cum += std::exp((double(x[i]) - m) / temperature) / z;
+                for (int i : ids) cum += weight(i, m) / z;
                 if (cum >= top_p) break;
             }
         }
     }
     std::sort(ids.begin(), ids.end(), before);
-    // scaled logits, shifted first: a tiny temperature sends the others to -inf and never the
-    // top to +inf; masked tokens (-inf) stay -inf
-    const double top = top_f;
     p.resize(ids.size());
-    for (size_t j = 0; j < ids.size(); ++j) p[j] = std::exp((double(x[ids[j]]) - top) / temperature);
+    for (size_t j = 0; j < ids.size(); ++j) p[j] = weight(ids[j], top_f);
     if (k < n) {
         z = 0.0;
         for (double e : p) z += e;
     } else if (z == 0.0) {
-        for (int i = 0; i < n; ++i) z += std::exp((double(x[i]) - top) / temperature);
+        for (int i = 0; i < n; ++i) z += weight(i, top_f);
     }
     for (double& e : p) e /= z;
     size_t keep = p.size();

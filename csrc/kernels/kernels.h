@@ -104,6 +104,11 @@ struct QuantAct {
 // kernel keeps positions in the lanes and needs no horizontal sums (V stays row-major: the
 // value kernels keep output channels in the lanes).
 constexpr int kKeyTile = 16;
+// Cache positions per attention split (the decoder's unit of attention work, whole key tiles;
+// 256 -> 512: half the merges and per-split query work, prefill at 7,680 +7% f16, +11-16%
+// q8_0). Its score rows are kAttnSplit floats apart, and the values kernel specializes on that
+// stride.
+constexpr int kAttnSplit = 512;
 inline size_t key_tile_index(int64_t pos, int64_t channel, int64_t kv_dim) {
     return size_t((pos / kKeyTile) * kv_dim + channel) * kKeyTile + size_t(pos % kKeyTile);
 }

@@ -551,9 +551,9 @@ void attn_values_t(const float* p, int64_t ldp, int nq, const T* v, int64_t stri
             const int g = halves && nq - j >= 12 ? 12 : nq - j >= 6 ? 6 : nq - j >= 4 ? 4 : nq - j;
             const float* pj = p + j * ldp + i0;
             float* oj = out + j * ldo;
-            // the decoder's score rows are kSplit = 512 floats apart: as a constant, the 12
+            // the decoder's score rows are kAttnSplit floats apart: as a constant, the 12
             // broadcasts are offsets from one pointer (a run-time stride spilled registers)
-            if (g == 12 && ldp == 512) values_group<T, 12, 64, 2, 512>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
+            if (g == 12 && ldp == kAttnSplit) values_group<T, 12, 64, 2, kAttnSplit>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
             else if (g == 12) values_group<T, 12, 64, 2>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
             else if (g == 6) values_group<T, 6>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
             else if (g == 4) values_group<T, 4>(pj, ldp, vb, stride, cnt, hd, oj, ldo);
