@@ -145,10 +145,11 @@ void Context::matmuls(std::initializer_list<MatJob> jobs, int n) {
     bool bands = false;
     for (const MatJob& j : jobs) bands |= j.w->panels != nullptr;
     const int64_t gran = bands ? kPanelRows : n > 1 ? 32 : 16;
-    // Decode: one slice per thread. Its phases last tens of microseconds, and every extra slice
-    // is one more claim on the pool's shared counter (a cache line that moves between cores):
-    // 4 slices per thread measured 1-6% slower for Q4_1 decode at 2 threads (3 alternating pairs).
-    const int per_thread = n > 1 ? 4 : 1;
+    // Decode and small batches (<= 8 tokens, e.g. a speculative verification): one slice per
+    // thread. Their phases last tens of microseconds, and every extra slice is one more claim on
+    // the pool's shared counter (a cache line that moves between cores): 4 slices per thread
+    // measured 1-6% slower for Q4_1 decode at 2 threads (3 alternating pairs).
+    const int per_thread = n > 8 ? 4 : 1;
     const int64_t per = std::max<int64_t>(gran, (total_rows / (nt * per_thread) + gran - 1) / gran * gran);
     struct Slice { const MatJob* job; int act; int64_t r0, r1; };
     Slice slices[256];

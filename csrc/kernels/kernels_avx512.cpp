@@ -837,11 +837,12 @@ void group_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, fl
     for (int64_t b = 0; b < w.blocks; ++b, xq += qstep, xd += x.ld, xc += x.ld, xds += x.ld) {
         const uint8_t* blk = w.at(g, b);
         const uint8_t* sc = w.scale_at(g, b);
-        if (NT == 1) {  // decode: see kPrefetchBlocks; the scales as many blocks ahead
-            const char* ahead = (const char*)blk + kPrefetchBlocks * w.block_bytes;
-            for (size_t o = 0; o < w.block_bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T1);
-            _mm_prefetch((const char*)sc + kPrefetchBlocks * w.scale_bytes, _MM_HINT_T1);
-        }
+        if (t0 == 0)  // the first token tile streams the weights (see kPrefetchBlocks); later ones find them in L1
+            for (int h = 0; h < G; ++h) {
+                const char* ahead = (const char*)blk + h * gstep + kPrefetchBlocks * w.block_bytes;
+                for (size_t o = 0; o < w.block_bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T1);
+                _mm_prefetch((const char*)sc + h * sstep + kPrefetchBlocks * w.scale_bytes, _MM_HINT_T1);
+            }
         // j outer, tokens inner: consecutive vpdpbusd belong to different tokens' chains, so the
         // 5-cycle latency is hidden in program order, and only step j's weights (loaded, or
         // unpacked from the Q4 nibbles, once per step) occupy registers
