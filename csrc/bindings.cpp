@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "decoder.h"
@@ -307,7 +308,13 @@ PYBIND11_MODULE(_native, m) {
                  return out;
              },
              py::arg("tokens"), py::arg("all_logits") = false)
-        .def("rewind", &Context::rewind, py::arg("n"))
+        .def("rewind", [](Context& c, int n, std::optional<F32Array> last_logits) {
+                 if (!last_logits) return c.rewind(n);
+                 if (last_logits->ndim() != 1 || last_logits->shape(0) != c.model().cfg.vocab_size)
+                     throw ZenError("rewind: last_logits must be a (vocab_size,) float32 array");
+                 c.rewind(n, last_logits->data());
+             },
+             py::arg("n"), py::arg("last_logits") = py::none())
         .def("snapshot", [](const Context& c) {
             std::string s;
             {

@@ -103,10 +103,16 @@ void Context::eval(const int32_t* tokens, int n, float* all_logits) {
     logits_valid_ = true;
 }
 
-void Context::rewind(int n) {
+void Context::rewind(int n, const float* last_logits) {
     if (n < 0 || n > n_past_)
         throw ZenError("rewind(" + std::to_string(n) + ") outside [0, " + std::to_string(n_past_) + "]");
-    if (n != n_past_) logits_valid_ = false;  // the logits of position n-1 are not kept
+    if (last_logits && n == 0) throw ZenError("rewind(0) has no last position to give logits to");
+    if (last_logits) {
+        std::memcpy(logits_.data(), last_logits, sizeof(float) * model_->cfg.vocab_size);
+        logits_valid_ = true;
+    } else if (n != n_past_) {
+        logits_valid_ = false;  // the logits of position n-1 are not kept
+    }
     n_past_ = n;
 }
 

@@ -36,7 +36,10 @@ class Context {
     // non-null it receives (n, vocab) logits, one row per token. Throws ContextOverflow
     // (before touching any state) if n_past + n would exceed n_ctx.
     void eval(const int32_t* tokens, int n, float* all_logits = nullptr);
-    void rewind(int n);  // forget positions >= n (n <= n_past)
+    // Forget positions >= n (n <= n_past). The logits of position n - 1 are gone unless the
+    // caller hands them back in last_logits (vocab floats): a speculative decoder drops the
+    // rejected drafts of a batch it evaluated with all_logits and keeps the accepted row.
+    void rewind(int n, const float* last_logits = nullptr);
 
     std::string snapshot() const;
     void restore(const std::string& blob);

@@ -24,12 +24,17 @@ def _add_model_args(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--kv-type", choices=("f16", "f32", "q8_0"), default=None,
                    help="KV cache element type: f16 (default with int8 matmuls), f32 (default with f32) or "
                         "q8_0 (int8 + a scale per position and head: half the memory; env ZEN5_KV_TYPE)")
+    p.add_argument("--lookup", type=int, default=None, metavar="N",
+                   help="prompt-lookup speculative decoding: up to N tokens guessed from the context and "
+                        "checked per decode step (default 7, 0: off; env ZEN5_LOOKUP). Replies are the same "
+                        "token for token either way")
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
     from zen5.engine import Engine
 
-    eng = Engine.load(a.model, threads=a.threads, ctx=a.ctx, matmul=a.matmul, kv_type=a.kv_type)
+    eng = Engine.load(a.model, threads=a.threads, ctx=a.ctx, matmul=a.matmul, kv_type=a.kv_type,
+                      lookup=a.lookup)
     prompt = a.prompt
     if not a.raw and eng.chat_template:
         prompt = eng.apply_chat_template([{"role": "user", "content": prompt}])
@@ -57,7 +62,8 @@ def _cmd_info(a: argparse.Namespace) -> int:
            "avx512_supported": _native.avx512_supported(),
            "threads": a.threads or default_threads()}
     if a.model:
-        eng = Engine.load(a.model, threads=a.threads, ctx=a.ctx, matmul=a.matmul, kv_type=a.kv_type)
+        eng = Engine.load(a.model, threads=a.threads, ctx=a.ctx, matmul=a.matmul, kv_type=a.kv_type,
+                          lookup=a.lookup)
         out["model"] = eng.info()
     print(json.dumps(out, indent=2))
     return 0
@@ -126,7 +132,7 @@ def _cmd_serve(a: argparse.Namespace) -> int:
     return serve(ServerConfig(model=a.model, host=a.host, port=a.port, threads=a.threads, ctx=a.ctx,
                               api_key=a.api_key, cors=a.cors, trace=a.trace, queue=a.queue,
                               state_dir=a.state_dir, max_output=a.max_output, keepalive=a.keepalive,
-                              matmul=a.matmul, kv_type=a.kv_type))
+                              matmul=a.matmul, kv_type=a.kv_type, lookup=a.lookup))
 
 
 def _add_serve(sub) -> None:

@@ -17,6 +17,7 @@ from zen5 import _native
 from zen5.config import SUPPORTED_TYPES, ModelConfig
 from zen5.loader import LoadedWeights, load_weights
 from zen5.models import resolve_model
+from zen5.speculative import MAX_DRAFT, DraftFeed
 from zen5.sampling import Sampler, SamplingParams, TokenLogprob, find_stop, partial_stop_len
 from zen5.tokenizer import StreamDecoder, Tokenizer
 
@@ -78,7 +79,8 @@ class Generation:
 
 class Engine:
     def __init__(self, weights: LoadedWeights, threads: int | None = None, ctx: int | None = None,
-                 isa: str | None = None, matmul: str | None = None, kv_type: str | None = None):
+                 isa: str | None = None, matmul: str | None = None, kv_type: str | None = None,
+                 lookup: int | None = None):
         cfg = weights.config
         self.weights = weights
         self.config: ModelConfig = cfg
@@ -102,15 +104,22 @@ class Engine:
         self.ctx = _native.Context(self.native, self.n_ctx, isa or "", self.matmul,
                                    kv_type or os.environ.get("ZEN5_KV_TYPE", ""))
         self.kv_type: str = self.ctx.kv_type
+        # lookup: guesses per decode batch for prompt-lookup speculative decoding
+        # (speculative.py; 0 turns it off). It never changes a reply, only its speed.
+        self.lookup = int(os.environ.get("ZEN5_LOOKUP", MAX_DRAFT) if lookup is None else lookup)
+        if self.lookup < 0:
+            raise ValueError(f"lookup must be >= 0, got {lookup}")
+        self.last_lookup = None  # the last generation's LookupStats (set by DraftFeed.close)
         self.isa: str = self.ctx.isa
         self._tokens: list[int] = []  # exactly the tokens whose K/V rows the context holds
         self.state_id = 0              # bumped on every change of the cache (staleness checks)
 
     @classmethod
     def load(cls, name_or_path: str = "smollm2", threads: int | None = None, ctx: int | None = None,
-             isa: str | None = None, matmul: str | None = None, kv_type: str | None = None):
+             isa: str | None = None, matmul: str | None = None, kv_type: str | None = None,
+             lookup: int | None = None):
         return cls(load_weights(resolve_model(name_or_path)), threads=threads, ctx=ctx, isa=isa,
-                   matmul=matmul, kv_type=kv_type)
+                   matmul=matmul, kv_type=kv_type, lookup=lookup)
 
     @property
     def cache_id(self) -> str:
@@ -167,29 +176,32 @@ class Engine:
     def n_tokens(self) -> int:
         return len(self._tokens)
 
-    def rewind(self, n: int) -> None:
-        """Keep only the first n cached tokens."""
-        self.ctx.rewind(n)
+    def rewind(self, n: int, last_logits=None) -> None:
+        """Keep only the first n cached tokens. `last_logits`, a row of an `append(...,
+        all_logits=True)` batch, makes the logits of token n - 1 current again."""
+        self.ctx.rewind(n, last_logits)
         if n != len(self._tokens):
             del self._tokens[n:]
             self.state_id += 1
 
-    def append(self, tokens: list[int]) -> None:
-        """Evaluate tokens after the cached ones (prefill or decode); logits are then fresh."""
+    def append(self, tokens: list[int], all_logits: bool = False):
+        """Evaluate tokens after the cached ones (prefill or decode); logits are then fresh.
+        With all_logits, returns the (len(tokens), vocab) logits, row i those after token i."""
         if not tokens:
-            return
+            return None
         if len(self._tokens) + len(tokens) > self.n_ctx:
             raise _native.ContextOverflow(
                 f"{len(self._tokens)} cached + {len(tokens)} new tokens exceed the context of "
                 f"{self.n_ctx} tokens")
         self.state_id += 1
         try:
-            self.ctx.eval(tokens)
+            rows = self.ctx.eval(tokens, all_logits)
         except BaseException:
             # A failed eval may have written part of a chunk: trust only what was there before.
             self.ctx.rewind(min(self.ctx.n_past, len(self._tokens)))
             raise
         self._tokens.extend(tokens)
+        return rows
 
     def snapshot(self) -> bytes:
         """The native snapshot of the cache (KV rows of every cached token + the last logits)."""
@@ -257,25 +269,29 @@ class Engine:
         eos = self.tokenizer.eos_ids
         held = ""  # decoded text not yet emitted: it may be the start of a stop string
         n_out, finish, stopped_on_text = 0, "length", False
-        while n_out < max_tokens:
-            logits = self.ctx.logits()
-            tok = sampler.sample(logits)
-            lp = sampler.logprob(logits, tok) if params.logprobs else None
-            n_out += 1
-            if tok in eos:
-                finish = "stop"
-                break
-            held += decoder.push(tok)
-            cut = find_stop(held, stops)
-            if cut is not None:
-                held, finish, stopped_on_text = held[:cut], "stop", True
-                break
-            safe = len(held) - partial_stop_len(held, stops)
-            yield Chunk(held[:safe], tok, lp)
-            held = held[safe:]
-            if len(self._tokens) >= self.n_ctx:
-                break  # context full: finish_reason stays "length"
-            self.append([tok])
+        feed = DraftFeed(self, max_draft=self.lookup)
+        try:
+            while n_out < max_tokens:
+                logits = feed.logits()
+                tok = sampler.sample(logits)
+                lp = sampler.logprob(logits, tok) if params.logprobs else None
+                n_out += 1
+                if tok in eos:
+                    finish = "stop"
+                    break
+                held += decoder.push(tok)
+                cut = find_stop(held, stops)
+                if cut is not None:
+                    held, finish, stopped_on_text = held[:cut], "stop", True
+                    break
+                safe = len(held) - partial_stop_len(held, stops)
+                yield Chunk(held[:safe], tok, lp)
+                held = held[safe:]
+                if feed.n_tokens >= self.n_ctx:
+                    break  # context full: finish_reason stays "length"
+                feed.push(tok)
+        finally:
+            feed.close()  # the cache ends at the reply, whatever ended it (a closed stream too)
         if not stopped_on_text:
             held += decoder.flush()
         t2 = time.perf_counter()
@@ -305,6 +321,7 @@ class Engine:
             "isa": self.isa,
             "matmul": self.matmul,
             "kv_type": self.kv_type,
+            "lookup": self.lookup,
             "kv_bytes_per_token": int(self.ctx.kv_bytes_per_token),
             "threads": self.threads,
         }

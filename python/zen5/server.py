@@ -61,6 +61,7 @@ class ServerConfig:
     ctx: int | None = None
     matmul: str | None = None    # "int8" | "f32" (Engine.load), None: the engine's default
     kv_type: str | None = None   # "f16" | "f32" | "q8_0" (Engine.load), None: the matmul's default
+    lookup: int | None = None    # guesses per decode step (Engine.load), None: the engine's default
     api_key: str | None = None
     cors: bool = False
     trace: str | None = None
@@ -83,12 +84,12 @@ class ServingEngine(Engine):
     PREFILL_CHUNK = 256
     job: "Job | None" = None
 
-    def append(self, tokens: list[int]) -> None:
+    def append(self, tokens: list[int], all_logits: bool = False):
         job = self.job
         if job is not None and job.cancel.is_set():
             raise Cancelled()
-        if job is None or len(tokens) <= self.PREFILL_CHUNK:
-            return super().append(tokens)
+        if job is None or all_logits or len(tokens) <= self.PREFILL_CHUNK:
+            return super().append(tokens, all_logits)
         t0 = last = time.perf_counter()
         for i in range(0, len(tokens), self.PREFILL_CHUNK):
             if job.cancel.is_set():
@@ -117,6 +118,13 @@ class Metrics:
         self.prefill_s = self.decode_s = 0.0
         self.last_prefill_tps = self.last_decode_tps = 0.0
         self.rejected = self.cancelled = self.degraded = 0
+        self.guessed = self.guesses_kept = 0
+
+    def lookup(self, stats) -> None:
+        if stats is not None:
+            with self.lock:
+                self.guessed += stats.drafted
+                self.guesses_kept += stats.accepted
 
     def request(self, api: str, status: int) -> None:
         with self.lock:
@@ -153,6 +161,11 @@ class Metrics:
             metric("prompt_tokens_prefilled_total", "counter", "Prompt tokens computed (prefilled).",
                    [("", self.prefilled)])
             metric("completion_tokens_total", "counter", "Tokens generated.", [("", self.generated)])
+            metric("lookup_guessed_tokens_total", "counter",
+                   "Tokens guessed by prompt lookup and evaluated alongside a decoded token.", [("", self.guessed)])
+            metric("lookup_kept_tokens_total", "counter",
+                   "Guessed tokens the sampler then picked (generated without an evaluation of their own).",
+                   [("", self.guesses_kept)])
             metric("cache_source_total", "counter", "Requests by the cache rung that served them.",
                    [(f'{{source="{k}"}}', v) for k, v in sorted(self.cache_source.items())])
             metric("prefill_seconds_total", "counter", "Time spent prefilling.", [("", self.prefill_s)])
@@ -333,6 +346,10 @@ class Worker:
 
     def _record(self, ev) -> Usage | None:
         """Metrics from a request's final event (chat Finish, or a completion's last piece)."""
+        engine = getattr(self.session, "engine", None)
+        if engine is not None:  # the generation's lookup counters, taken once
+            self.metrics.lookup(engine.last_lookup)
+            engine.last_lookup = None
         if isinstance(ev, Finish):
             self.metrics.usage(ev.usage, len(ev.diagnostics))
             return ev.usage
@@ -678,7 +695,7 @@ def serve(config: ServerConfig) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = ServingEngine.load(config.model, threads=config.threads, ctx=config.ctx, matmul=config.matmul,
-                                 kv_type=config.kv_type)
+                                 kv_type=config.kv_type, lookup=config.lookup)
     session = ChatSession(engine, state_dir=config.state_dir, **_checkpoint_store(config, engine))
     server = ZenServer(config, session, model_name(config.model))
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal under the

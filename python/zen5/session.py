@@ -55,6 +55,7 @@ from zen5.dialects.deepseek_v4 import TOOL_TAG as _DSML_TOOL_TAG
 from zen5.engine import Engine
 from zen5.sampling import Sampler, first_stop, partial_stop_len, token_logprob
 from zen5.signatures import ThinkingSigner, load_or_create_secret
+from zen5.speculative import DraftFeed
 from zen5.tokenizer import StreamDecoder
 from zen5.tool_memory import ToolMemory, ToolRecord, new_tool_id
 
@@ -413,7 +414,7 @@ class ChatSession:
         """During decode: a checkpoint when the state reaches an aligned frontier, unless the
         model has opened a tool-call section."""
         step = self.checkpoints.config.frontier_step if self.checkpoints is not None else 0
-        if not step or self.engine.n_tokens % step:
+        if not step or gen.feed.pending or self.engine.n_tokens % step:
             return
         sampled = self.engine.tokenizer.decode(gen.evaluated)
         if gen._calls or any(o in sampled for o in _TOOL_OPENERS):
@@ -469,6 +470,10 @@ class _Generation:
         self.tracker = session.dialect.syntax_tracker(**opts) if session.syntax_greedy else None
         self.sampler = Sampler(request.sampling)
         self.decoder = StreamDecoder(session.engine.tokenizer)
+        store = session.checkpoints
+        # guesses from prompt lookup (speculative.py); batches stop at checkpoint frontiers
+        self.feed = DraftFeed(session.engine, max_draft=session.engine.lookup,
+                              align=store.config.frontier_step if store is not None else 0)
         self.evaluated: list[int] = []   # sampled tokens now in the cache
         self.n_sampled = 0
         self.text = ""                   # sampled text fed to the parser
@@ -487,32 +492,36 @@ class _Generation:
         eos = eng.tokenizer.eos_ids
         stops = tuple(req.stop)
         pending = ""  # decoded text held back: it may be the start of a stop string
-        for _ in range(req.max_tokens):
-            logits = eng.ctx.logits()
-            tok = self._sample(self._masked(logits))
-            self.n_sampled += 1
-            if tok in eos:
-                self.reason = "stop"
-                break
-            if req.logprobs is not None:
-                yield self._sampled_token(logits, tok)
-            if eng.n_tokens >= eng.n_ctx:
-                break  # context full: finish "length"
-            self._advance(tok)  # the next mask is computed while the engine evaluates tok
-            eng.append([tok])
-            self.evaluated.append(tok)
-            self.s._save_generation_frontier(self)
-            pending += self.decoder.push(tok)
-            hit = first_stop(pending, stops)
-            if hit is not None:
-                yield from self._feed(pending[:hit[0]])
-                pending, self.reason, self.stop_sequence = "", "stop", hit[1]
-                break
-            keep = partial_stop_len(pending, stops)
-            yield from self._feed(pending[: len(pending) - keep])
-            pending = pending[len(pending) - keep:]
-        else:
-            pending += self.decoder.flush()
+        feed = self.feed
+        try:
+            for _ in range(req.max_tokens):
+                logits = feed.logits()
+                tok = self._sample(self._masked(logits))
+                self.n_sampled += 1
+                if tok in eos:
+                    self.reason = "stop"
+                    break
+                if req.logprobs is not None:
+                    yield self._sampled_token(logits, tok)
+                if feed.n_tokens >= eng.n_ctx:
+                    break  # context full: finish "length"
+                self._advance(tok)  # the next mask is computed while the engine evaluates tok
+                feed.push(tok)
+                self.evaluated.append(tok)
+                self.s._save_generation_frontier(self)
+                pending += self.decoder.push(tok)
+                hit = first_stop(pending, stops)
+                if hit is not None:
+                    yield from self._feed(pending[:hit[0]])
+                    pending, self.reason, self.stop_sequence = "", "stop", hit[1]
+                    break
+                keep = partial_stop_len(pending, stops)
+                yield from self._feed(pending[: len(pending) - keep])
+                pending = pending[len(pending) - keep:]
+            else:
+                pending += self.decoder.flush()
+        finally:
+            feed.close()  # the cache ends at the reply, however the loop ended (a disconnect too)
         if self.reason == "length" or pending:
             yield from self._feed(pending)
         yield from self._translate(self.parser.finish())

@@ -316,3 +316,27 @@ def test_q8_kv_cache_server_keeps_its_own_checkpoints(tmp_path):
     dirs = sorted(p.name for p in (tmp_path / "state" / "checkpoints").iterdir())
     assert len(dirs) == 2 and dirs[1] == dirs[0] + "-int8-q8_0", dirs
     assert list((tmp_path / "state" / "checkpoints" / dirs[1]).glob("*.z5kv"))
+
+
+def test_prompt_lookup_through_the_server_changes_speed_not_the_reply(smollm2_server, smollm2_path, tmp_path):
+    """The server decodes with prompt lookup on (the default): a greedy reply that copies from
+    its prompt keeps guessed tokens (/metrics counts them) and is word for word the reply of an
+    in-process session with lookup off."""
+    from zen5.chat_types import ChatRequest, Message, TextDelta
+    from zen5.engine import Engine
+    from zen5.session import ChatSession
+
+    listing = "\n".join(f"- item {i}: the quick brown fox jumps over the lazy dog" for i in range(1, 12)) + "\n- item"
+    content = "Continue this list up to item 20:\n" + listing
+    before = smollm2_server.metrics()
+    r = openai_client(smollm2_server).chat.completions.create(
+        model="zen5-local", max_tokens=120, temperature=0, messages=[{"role": "user", "content": content}])
+    after = smollm2_server.metrics()
+    kept = after["zen5_lookup_kept_tokens_total"] - before["zen5_lookup_kept_tokens_total"]
+    guessed = after["zen5_lookup_guessed_tokens_total"] - before["zen5_lookup_guessed_tokens_total"]
+    assert 20 <= kept <= guessed
+
+    s = ChatSession(Engine.load(smollm2_path, ctx=2048, threads=2, lookup=0), "chatml", state_dir=tmp_path)
+    events = list(s.chat(ChatRequest((Message.text("user", content),), max_tokens=120)))
+    assert s.engine.last_lookup.drafted == 0
+    assert r.choices[0].message.content == "".join(e.text for e in events if isinstance(e, TextDelta))
