@@ -12,17 +12,28 @@ from two snapshots, so it follows the engine's KV dtype without knowing it).
 Several engines (the KV cache types) walk together, interleaved frontier by frontier, so they
 share each time window; each gets its own rows.
 
+Prompt lookup (`lookup=` names): those engines also time the same greedy decode through
+zen5.speculative.DraftFeed (guesses copied from the context, kept when they are the argmax), in
+rows named "<engine>+lookup" whose prefill figures are the engine's own. The tokens are the same
+as the plain decode's; how many guesses are kept depends on the text (the fixed text repeats
+sentences, which the model copies), so these rows measure the mechanism on this text, not a
+general decode speed-up.
+
 CSV columns, exactly: ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kv_bytes.
 The context is allocated at the last frontier + gen_tokens so the last decode fits.
 """
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 import time
 from pathlib import Path
 
+import numpy as np
+
 from workload import WARMUP, decode, time_test
+from zen5.speculative import DraftFeed
 
 COLUMNS = ("ctx_tokens", "prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps", "kv_bytes")
 
@@ -38,46 +49,72 @@ def kv_bytes_per_position(ctx, tokens: list[int]) -> int:
 
 
 def walk(engines: dict, tokens: list[int], frontiers: list[int], gen_tokens: int, repeat: int,
-         log=print) -> dict[str, list[dict]]:
-    """engines: name -> Engine; returns name -> rows."""
+         log=print, lookup: tuple[str, ...] = ()) -> dict[str, list[dict]]:
+    """engines: name -> Engine; returns name -> rows (and "<name>+lookup" -> rows for `lookup`)."""
     eos = sorted(next(iter(engines.values())).tokenizer.eos_ids)
     per_pos = {name: kv_bytes_per_position(e.ctx, tokens) for name, e in engines.items()}
     for e in engines.values():
         for test in WARMUP:
             time_test(e.ctx, tokens, test, eos)
-        e.ctx.rewind(0)
+        e.reset()
     rows: dict[str, list[dict]] = {name: [] for name in engines}
+    rows.update({f"{name}+lookup": [] for name in lookup})
     prev = 0
     for f in frontiers:
         for name, e in engines.items():
-            rows[name].append(_frontier(e.ctx, tokens, prev, f, gen_tokens, repeat, eos, per_pos[name]))
-            r = rows[name][-1]
-            log(f"frontier {f:5d} {name:>5}: prefill {r['prefill_tps']:8.1f} tok/s   decode {r['gen_tps']:7.1f} tok/s")
+            r = _frontier(e, tokens, prev, f, gen_tokens, repeat, eos, per_pos[name])
+            rows[name].append(r)
+            line = f"frontier {f:5d} {name:>5}: prefill {r['prefill_tps']:8.1f} tok/s   decode {r['gen_tps']:7.1f} tok/s"
+            if name in lookup:
+                tps, kept, guessed = _lookup_decode(e, tokens, f, gen_tokens, repeat, eos)
+                rows[f"{name}+lookup"].append(dict(r, gen_tps=tps))
+                line += f"   with prompt lookup {tps:7.1f} tok/s ({kept}/{guessed} guesses kept)"
+            log(line)
         prev = f
     for e in engines.values():
-        e.ctx.rewind(0)
+        e.reset()
     return rows
 
 
-def _frontier(ctx, tokens: list[int], prev: int, f: int, gen_tokens: int, repeat: int, eos: list[int],
+def _frontier(e, tokens: list[int], prev: int, f: int, gen_tokens: int, repeat: int, eos: list[int],
               per_pos: int) -> dict:
-    """Time one frontier on a context that holds tokens[:prev]; leaves it holding tokens[:f]."""
+    """Time one frontier on an engine that holds tokens[:prev]; leaves it holding tokens[:f]."""
     pre, gen = [], []
     for _ in range(repeat):
-        ctx.rewind(prev)
+        e.rewind(prev)
         t0 = time.perf_counter()
-        ctx.eval(tokens[prev:f])
+        e.append(tokens[prev:f])
         pre.append(time.perf_counter() - t0)
     for _ in range(repeat):
-        ctx.rewind(f - 1)  # re-evaluate the frontier's last token: a rewind drops the logits
-        ctx.eval(tokens[f - 1:f])
+        e.rewind(f - 1)  # re-evaluate the frontier's last token: a rewind drops the logits
+        e.append(tokens[f - 1:f])
         t0 = time.perf_counter()
-        decode(ctx, gen_tokens, eos)
+        decode(e.ctx, gen_tokens, eos)  # on the native context: the engine still holds tokens[:f]
         gen.append(time.perf_counter() - t0)
-    ctx.rewind(f)
+    e.rewind(f)
     return dict(ctx_tokens=f, prefill_tokens=f - prev,
                 prefill_tps=round((f - prev) / statistics.median(pre), 1), gen_tokens=gen_tokens,
                 gen_tps=round(gen_tokens / statistics.median(gen), 1), kv_bytes=f * per_pos)
+
+
+def _lookup_decode(e, tokens: list[int], f: int, gen_tokens: int, repeat: int,
+                   eos: list[int]) -> tuple[float, int, int]:
+    """The frontier's greedy decode (EOS suppressed) with prompt lookup: (tok/s median, guesses
+    kept, guesses evaluated) of the last repetition. Leaves the engine holding tokens[:f]."""
+    times = []
+    for _ in range(repeat):
+        e.rewind(f - 1)
+        e.append(tokens[f - 1:f])
+        t0 = time.perf_counter()
+        feed = DraftFeed(e)
+        for _ in range(gen_tokens):
+            logits = feed.logits().copy()
+            logits[eos] = -math.inf
+            feed.push(int(np.argmax(logits)))
+        feed.close()
+        times.append(time.perf_counter() - t0)
+    e.rewind(f)
+    return round(gen_tokens / statistics.median(times), 1), feed.stats.accepted, feed.stats.drafted
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -97,17 +134,19 @@ def plot(series: dict[str, list[dict]], path: Path, title: str) -> None:
     fig, (top, bot) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     for label, rows in series.items():
         x = [r["ctx_tokens"] for r in rows]
-        top.plot(x, [r["prefill_tps"] for r in rows], "o-", label=label)
-        bot.plot(x, [r["gen_tps"] for r in rows], "o-", label=label)
+        if not label.endswith("+lookup"):  # a lookup series' prefill is its engine's own
+            top.plot(x, [r["prefill_tps"] for r in rows], "o-", label=label)
+        bot.plot(x, [r["gen_tps"] for r in rows], "o--" if label.endswith("+lookup") else "o-", label=label)
     top.set_ylabel("prefill tok/s\n(interval to frontier)")
     first = next(iter(series.values()))
     bot.set_ylabel(f"decode tok/s\n({first[0]['gen_tokens']} tokens at frontier)")
     bot.set_xlabel("context tokens (frontier)")
+    spec = any(label.endswith("+lookup") for label in series)
     for ax in (top, bot):
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         if len(series) > 1:
-            ax.legend(title="KV cache")
+            ax.legend(title="KV cache (+ prompt lookup)" if ax is bot and spec else "KV cache")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

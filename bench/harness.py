@@ -15,7 +15,8 @@ Workload (fixed; see workload.py for the test definitions and the text):
             dequantized (dense speed does not depend on the source quant, so it runs once and
             every quant's ratio uses it).
   frontier  Q4_1 at 2 threads: the text walked to 512, 1024, ... 8192 tokens (frontier.py), with
-            the f16 KV cache (the default) and the q8_0 one, interleaved frontier by frontier.
+            the f16 KV cache (the default) and the q8_0 one, interleaved frontier by frontier;
+            the f16 engine's decode is timed a second time with prompt lookup (speculative.py).
 Every repetition runs each engine once per (quant, threads), engines in a rotating order, so
 zen5 and the peers share each time window (this VM drifts 5-20% between runs minutes apart).
 Each engine block starts with a warm-up (pp64, tg8) that is never recorded. Default 5
@@ -30,7 +31,8 @@ Outputs (in --out, default bench/results; a --quick run adds "-quick" to every n
   <cpu>-roofline.csv  appended, the roofs measured in this run;
   <cpu>-frontier.csv / .png  the latest frontier walk (columns as frontier.COLUMNS) with the
                       default f16 cache; <cpu>-frontier-kv-<type>.csv the other cache types' (the
-                      plot shows every type);
+                      plot shows every type); <cpu>-frontier-lookup.csv the f16 decode with
+                      prompt lookup (same tokens; a dashed curve in the plot);
   stdout              a table with zen5/peer ratios, then one JSON line with the headline.
 A full run into bench/results also regenerates the README's Performance section (report.py).
 
@@ -81,6 +83,7 @@ class BenchConfig:
     frontier_threads: int = 2
     frontier_repeat: int = 3
     frontier_kv: tuple[str, ...] = ("f16", "q8_0")  # KV cache types walked; the first names the main CSV
+    frontier_lookup: bool = True   # also time the first cache type's decode with prompt lookup
     out: str = str(ROOT / "bench" / "results")
     wait_quiet: float = 0.0        # minutes to wait for the 1-minute load average to drop
     quiet_load: float = 1.0
@@ -235,7 +238,8 @@ class Run:
         engines = {kv: Engine(zen5.weights["Q4_1"], threads=cfg.frontier_threads, ctx=points[-1] + cfg.frontier_gen,
                               kv_type=kv) for kv in cfg.frontier_kv}
         self.frontier_rows = frontier_mod.walk(engines, self.tokens, points, cfg.frontier_gen,
-                                               cfg.frontier_repeat, log=self.log)
+                                               cfg.frontier_repeat, log=self.log,
+                                               lookup=cfg.frontier_kv[:1] if cfg.frontier_lookup else ())
         eng = next(iter(engines.values()))
         self.frontier_engine = f"zen5 {eng.isa} matmul={eng.matmul}, Q4_1, {cfg.frontier_threads} threads"
 
@@ -287,8 +291,10 @@ class Run:
                              for t, roof in self.roofs.items()}}
         for i, (kv, rows) in enumerate(self.frontier_rows.items()):
             first, last = rows[0], rows[-1]
-            head["frontier" if i == 0 else f"frontier_kv_{kv}"] = {
-                "kv_type": kv, "first_ctx": first["ctx_tokens"], "last_ctx": last["ctx_tokens"],
+            lookup = kv.endswith("+lookup")
+            head["frontier" if i == 0 else "frontier_lookup" if lookup else f"frontier_kv_{kv}"] = {
+                "kv_type": kv.removesuffix("+lookup"), "prompt_lookup": lookup,
+                "first_ctx": first["ctx_tokens"], "last_ctx": last["ctx_tokens"],
                 "gen_tps_first": first["gen_tps"], "gen_tps_last": last["gen_tps"],
                 "gen_last_over_first": round(last["gen_tps"] / first["gen_tps"], 3)}
         return head
@@ -297,7 +303,8 @@ class Run:
         self.out.mkdir(parents=True, exist_ok=True)
         stem = self.out / f"{self.cpu}-frontier{self.suffix}"
         for i, (kv, rows) in enumerate(self.frontier_rows.items()):
-            frontier_mod.write_csv(rows, Path(f"{stem}.csv" if i == 0 else f"{stem}-kv-{kv}.csv"))
+            name = "" if i == 0 else "-lookup" if kv.endswith("+lookup") else f"-kv-{kv}"
+            frontier_mod.write_csv(rows, Path(f"{stem}{name}.csv"))
         frontier_mod.plot(self.frontier_rows, Path(f"{stem}.png"),
                           f"{self.frontier_engine}\n{self.cpu}, run {self.run_id}, commit {self.commit}")
 

@@ -54,6 +54,8 @@ def test_quick_run_writes_csv_frontier_plot_and_json(tmp_path, smollm2_path):
     assert all(v["zen5_tps"] > 0 and v["vs"] == {} for v in head["results"].values())
     assert head["frontier"]["first_ctx"] == 128 and head["frontier"]["last_ctx"] == 256
     assert head["frontier"]["kv_type"] == "f16" and head["frontier_kv_q8_0"]["last_ctx"] == 256
+    assert head["frontier_lookup"]["kv_type"] == "f16" and head["frontier_lookup"]["prompt_lookup"]
+    assert "guesses kept" in proc.stderr + proc.stdout
 
     cpu = head["cpu"]
     header, rows = _rows(tmp_path / f"{cpu}-bench-quick.csv")
@@ -75,6 +77,10 @@ def test_quick_run_writes_csv_frontier_plot_and_json(tmp_path, smollm2_path):
     _, fr8 = _rows(tmp_path / f"{cpu}-frontier-quick-kv-q8_0.csv")
     assert [int(r["ctx_tokens"]) for r in fr8] == [128, 256]
     assert int(fr8[0]["kv_bytes"]) * 128 == kv[0] * 68
+    # the f16 decode again with prompt lookup: its own decode figures, the engine's prefill
+    header, frl = _rows(tmp_path / f"{cpu}-frontier-quick-lookup.csv")
+    assert header == FRONTIER_COLUMNS and [r["prefill_tps"] for r in frl] == [r["prefill_tps"] for r in fr]
+    assert all(float(r["gen_tps"]) > 0 for r in frl)
     assert (tmp_path / f"{cpu}-frontier-quick.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(f"{cpu}-bench.csv"))  # a quick run never touches the real results
 
@@ -106,6 +112,8 @@ def test_report_renders_latest_full_run_between_markers(tmp_path):
         fh.write(",".join(FRONTIER_COLUMNS) + "\n512,512,900.0,32,250.0,1\n8192,512,600.0,32,80.0,234000000\n")
     with (tmp_path / "Test_CPU-frontier-kv-q8_0.csv").open("w") as fh:
         fh.write(",".join(FRONTIER_COLUMNS) + "\n512,512,900.0,32,240.0,1\n8192,512,600.0,32,120.0,134000000\n")
+    with (tmp_path / "Test_CPU-frontier-lookup.csv").open("w") as fh:
+        fh.write(",".join(FRONTIER_COLUMNS) + "\n512,512,900.0,32,500.0,1\n8192,512,600.0,32,200.0,234000000\n")
     readme = tmp_path / "README.md"
     readme.write_text("# x\n\n## Performance\n<!-- bench:start -->\nSTALE TABLE\n<!-- bench:end -->\n\n## Next\nkeep\n")
     report.update_readme(tmp_path, readme)
@@ -123,6 +131,7 @@ def test_report_renders_latest_full_run_between_markers(tmp_path):
             "default; `bench/results/Test_CPU-frontier-kv-q8_0.csv`): decode at 8192 120 tok/s, 1.50x the default "
             "cache there and 48% of the default's decode at 512.") in text
     assert "bounds decode there at 143 tok/s (57% of decode at the first frontier), and zen5 reaches 84%" in text
+    assert "produce the same tokens at 500 tok/s at 512 (2.00x) and 200 at 8192 (2.50x)" in text
     report.update_readme(tmp_path, readme)
     assert readme.read_text() == text  # idempotent
 

@@ -121,10 +121,9 @@ class Metrics:
         self.guessed = self.guesses_kept = 0
 
     def lookup(self, stats) -> None:
-        if stats is not None:
-            with self.lock:
-                self.guessed += stats.drafted
-                self.guesses_kept += stats.accepted
+        with self.lock:
+            self.guessed += stats.drafted
+            self.guesses_kept += stats.accepted
 
     def request(self, api: str, status: int) -> None:
         with self.lock:
@@ -347,8 +346,9 @@ class Worker:
     def _record(self, ev) -> Usage | None:
         """Metrics from a request's final event (chat Finish, or a completion's last piece)."""
         engine = getattr(self.session, "engine", None)
-        if engine is not None:  # the generation's lookup counters, taken once
-            self.metrics.lookup(engine.last_lookup)
+        stats = getattr(engine, "last_lookup", None)
+        if stats is not None:  # the generation's prompt-lookup counters, taken once
+            self.metrics.lookup(stats)
             engine.last_lookup = None
         if isinstance(ev, Finish):
             self.metrics.usage(ev.usage, len(ev.diagnostics))
