@@ -302,10 +302,10 @@ void Context::attention(int layer, int n) {
         return part_.data() + ((size_t(kvh) * kChunk + t) * group * n_splits_max + split) * pstride;
     };
     const int splits = (n_past_ + n + kSplit - 1) / kSplit;  // of the last token
-    // A decoded token's tasks are (split, kv head): under 2 x kSplit positions a split per task
-    // would leave a thread idle. Prefill has units enough. (Which task computes what never
-    // changes the arithmetic.)
-    const int kvt = n == 1 ? c.n_head_kv : 1, heads = c.n_head_kv / kvt;
+    // A decoded token's tasks, or a batch of one unit's (a speculative verification), are
+    // (split, kv head): under 2 x kSplit positions a split per task would leave a thread idle.
+    // Prefill has units enough. (Which task computes what never changes the arithmetic.)
+    const int kvt = units == 1 ? c.n_head_kv : 1, heads = c.n_head_kv / kvt;
     for (int u = 0; u < units; ++u) {
         const int t1 = std::min(n, (u + 1) * tb);
         pending_[u].store((len_of(t1 - 1) + kSplit - 1) / kSplit * kvt, std::memory_order_relaxed);

@@ -49,6 +49,22 @@ def test_long_batch_equals_tokens_one_by_one_across_splits(smollm2):
     eng.reset()
 
 
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_small_batches_equal_tokens_one_by_one_across_splits(smollm2_path, kv_type):
+    """Batches of 2-8 tokens (a speculative decoder's verifications) take decode's task layout,
+    a task per (split, kv head); across a split boundary they still give each token's bits."""
+    eng = Engine.load(smollm2_path, ctx=1024, kv_type=kv_type)
+    toks = (eng.tokenizer.encode(TEXT) * 40)[:560]
+    whole = eng.ctx.eval(toks, all_logits=True)
+    pos = 500
+    eng.ctx.rewind(pos)
+    for size in (2, 7, 3, 8, 5, 4, 1, 6, 8, 2):   # 500 -> 546: crosses 512 inside a batch
+        rows = eng.ctx.eval(toks[pos:pos + size], all_logits=True)
+        assert np.array_equal(rows, whole[pos:pos + size]), (kv_type, pos, size)
+        pos += size
+    assert pos == 546
+
+
 def test_thread_count_does_not_change_logits(smollm2_path):
     toks = Engine.load(smollm2_path, ctx=128, threads=1).tokenizer.encode(TEXT)
     out = [Engine.load(smollm2_path, ctx=128, threads=n).ctx.eval(toks, all_logits=True) for n in (1, 2, 3)]
