@@ -26,7 +26,7 @@ def _add_model_args(p: argparse.ArgumentParser, required: bool) -> None:
                         "q8_0 (int8 + a scale per position and head: half the memory; env ZEN5_KV_TYPE)")
     p.add_argument("--lookup", type=int, default=None, metavar="N",
                    help="prompt-lookup speculative decoding: up to N tokens guessed from the context and "
-                        "checked per decode step (default 7, 0: off; env ZEN5_LOOKUP). Replies are the same "
+                        "checked per decode step (default 5, 0: off; env ZEN5_LOOKUP). Replies are the same "
                         "token for token either way")
 
 
