@@ -44,7 +44,7 @@ class Lookup:
 
     def push(self, tok: int) -> None:
         if self._n == len(self._t):
-            self._t = np.concatenate([self._t, np.empty_like(self._t)])
+            self._t = np.concatenate([self._t, np.empty(max(len(self._t), 16), np.int32)])
         self._t[self._n] = tok
         self._n += 1
 
