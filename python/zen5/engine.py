@@ -3,8 +3,9 @@
 `Engine.generate` tokenizes a prompt, keeps whatever prefix of it the context already holds
 (rewinding to the common token prefix; the session layer adds the richer cache ladder), prefills
 the rest, then samples token by token with stop strings, EOS, the token limit and the context
-limit as finish conditions. Text streams out through an incremental detokenizer so a multi-byte
-character split across tokens never leaks half-formed.
+limit as finish conditions; prompt-lookup guesses (speculative.py) are evaluated alongside,
+which changes the speed, never the tokens. Text streams out through an incremental detokenizer
+so a multi-byte character split across tokens never leaks half-formed.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from zen5 import _native
 from zen5.config import SUPPORTED_TYPES, ModelConfig
 from zen5.loader import LoadedWeights, load_weights
 from zen5.models import resolve_model
-from zen5.speculative import MAX_DRAFT, DraftFeed
 from zen5.sampling import Sampler, SamplingParams, TokenLogprob, find_stop, partial_stop_len
+from zen5.speculative import MAX_DRAFT, DraftFeed
 from zen5.tokenizer import StreamDecoder, Tokenizer
 
 DEFAULT_MAX_CTX = 16384  # default context cap: the fp32 KV cache grows linearly with it
