@@ -89,6 +89,23 @@ def test_same_reply_and_same_cache_with_lookup_on_or_off(eng, prompt, sampling):
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("matmul", ["int8", "f32"])
+def test_same_reply_on_the_reference_kernels(smollm2_path, matmul):
+    """A machine without AVX-512 runs the scalar reference: it is batch-invariant too, so lookup
+    keeps replies exact there (and on the exact f32 path)."""
+    e = Engine.load(smollm2_path, ctx=512, threads=2, isa="ref", matmul=matmul)
+    short = REPEAT.split("\n- item 6")[0] + "\n- item"   # 5 items: the scalar path is slow
+    for sampling in ({"temperature": 0}, {"seed": 3}):
+        res = []
+        for lookup in (0, 5):
+            e.lookup = lookup
+            e.reset()
+            g = e.generate(short, max_tokens=24, **sampling)
+            res.append((g.token_ids, e.tokens, e.ctx.logits().tobytes()))
+        assert res[0] == res[1] and e.last_lookup.accepted > 0
+
+
+@pytest.mark.model
 def test_stop_string_and_context_limit_end_at_the_same_place(smollm2_path):
     for ctx, kw in ((1024, {"stop": ["item 14"]}), (169 + 37, {})):
         e = Engine.load(smollm2_path, ctx=ctx, threads=1)
