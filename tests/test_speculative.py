@@ -188,3 +188,14 @@ def test_chat_session_reply_is_the_same_with_lookup(smollm2_path, tmp_path):
         out.append((text, fin.reason, fin.usage.completion_tokens, s.engine.tokens))
         assert s.engine.last_lookup.accepted >= (20 if lookup else 0)
     assert out[0] == out[1]
+
+
+@pytest.mark.model
+def test_a_bad_lookup_setting_is_a_clear_error(smollm2, monkeypatch):
+    with pytest.raises(ValueError, match="integer >= 0, got -1"):
+        Engine(smollm2.weights, ctx=64, lookup=-1)
+    monkeypatch.setenv("ZEN5_LOOKUP", "lots")
+    with pytest.raises(ValueError, match="ZEN5_LOOKUP.*got 'lots'"):
+        Engine(smollm2.weights, ctx=64)
+    monkeypatch.setenv("ZEN5_LOOKUP", "0")
+    assert Engine(smollm2.weights, ctx=64).lookup == 0

@@ -107,9 +107,13 @@ class Engine:
         self.kv_type: str = self.ctx.kv_type
         # lookup: guesses per decode batch for prompt-lookup speculative decoding
         # (speculative.py; 0 turns it off). It never changes a reply, only its speed.
-        self.lookup = int(os.environ.get("ZEN5_LOOKUP", MAX_DRAFT) if lookup is None else lookup)
+        raw = os.environ.get("ZEN5_LOOKUP", MAX_DRAFT) if lookup is None else lookup
+        try:
+            self.lookup = int(raw)
+        except ValueError:
+            raise ValueError(f"lookup (ZEN5_LOOKUP) must be an integer >= 0, got {raw!r}") from None
         if self.lookup < 0:
-            raise ValueError(f"lookup must be >= 0, got {lookup}")
+            raise ValueError(f"lookup (ZEN5_LOOKUP) must be an integer >= 0, got {raw!r}")
         self.last_lookup = None  # the last generation's LookupStats (set by DraftFeed.close)
         self.isa: str = self.ctx.isa
         self._tokens: list[int] = []  # exactly the tokens whose K/V rows the context holds
