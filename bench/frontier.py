@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from workload import WARMUP, decode, time_test
-from zen5.speculative import DraftFeed
+from workload import WARMUP, time_test
+from zen5.speculative import MAX_DRAFT, DraftFeed, LookupStats
 
 COLUMNS = ("ctx_tokens", "prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps", "kv_bytes")
 
@@ -66,9 +66,9 @@ def walk(engines: dict, tokens: list[int], frontiers: list[int], gen_tokens: int
             rows[name].append(r)
             line = f"frontier {f:5d} {name:>5}: prefill {r['prefill_tps']:8.1f} tok/s   decode {r['gen_tps']:7.1f} tok/s"
             if name in lookup:
-                tps, kept, guessed = _lookup_decode(e, tokens, f, gen_tokens, repeat, eos)
+                tps, st = _decode(e, tokens, f, gen_tokens, repeat, eos, max_draft=MAX_DRAFT)
                 rows[f"{name}+lookup"].append(dict(r, gen_tps=tps))
-                line += f"   with prompt lookup {tps:7.1f} tok/s ({kept}/{guessed} guesses kept)"
+                line += f"   with prompt lookup {tps:7.1f} tok/s ({st.accepted}/{st.drafted} guesses kept)"
             log(line)
         prev = f
     for e in engines.values():
@@ -79,34 +79,29 @@ def walk(engines: dict, tokens: list[int], frontiers: list[int], gen_tokens: int
 def _frontier(e, tokens: list[int], prev: int, f: int, gen_tokens: int, repeat: int, eos: list[int],
               per_pos: int) -> dict:
     """Time one frontier on an engine that holds tokens[:prev]; leaves it holding tokens[:f]."""
-    pre, gen = [], []
+    pre = []
     for _ in range(repeat):
         e.rewind(prev)
         t0 = time.perf_counter()
         e.append(tokens[prev:f])
         pre.append(time.perf_counter() - t0)
+    gen_tps, _ = _decode(e, tokens, f, gen_tokens, repeat, eos, max_draft=0)
+    return dict(ctx_tokens=f, prefill_tokens=f - prev,
+                prefill_tps=round((f - prev) / statistics.median(pre), 1), gen_tokens=gen_tokens,
+                gen_tps=gen_tps, kv_bytes=f * per_pos)
+
+
+def _decode(e, tokens: list[int], f: int, gen_tokens: int, repeat: int, eos: list[int],
+            max_draft: int) -> tuple[float, LookupStats]:
+    """The frontier's greedy decode (EOS suppressed), `repeat` times from tokens[:f]; max_draft
+    > 0 with prompt lookup. Returns (tok/s median, the last repetition's lookup counters) and
+    leaves the engine holding tokens[:f]."""
+    times = []
     for _ in range(repeat):
         e.rewind(f - 1)  # re-evaluate the frontier's last token: a rewind drops the logits
         e.append(tokens[f - 1:f])
         t0 = time.perf_counter()
-        decode(e.ctx, gen_tokens, eos)  # on the native context: the engine still holds tokens[:f]
-        gen.append(time.perf_counter() - t0)
-    e.rewind(f)
-    return dict(ctx_tokens=f, prefill_tokens=f - prev,
-                prefill_tps=round((f - prev) / statistics.median(pre), 1), gen_tokens=gen_tokens,
-                gen_tps=round(gen_tokens / statistics.median(gen), 1), kv_bytes=f * per_pos)
-
-
-def _lookup_decode(e, tokens: list[int], f: int, gen_tokens: int, repeat: int,
-                   eos: list[int]) -> tuple[float, int, int]:
-    """The frontier's greedy decode (EOS suppressed) with prompt lookup: (tok/s median, guesses
-    kept, guesses evaluated) of the last repetition. Leaves the engine holding tokens[:f]."""
-    times = []
-    for _ in range(repeat):
-        e.rewind(f - 1)
-        e.append(tokens[f - 1:f])
-        t0 = time.perf_counter()
-        feed = DraftFeed(e)
+        feed = DraftFeed(e, max_draft=max_draft)
         for _ in range(gen_tokens):
             logits = feed.logits().copy()
             logits[eos] = -math.inf
@@ -114,7 +109,7 @@ def _lookup_decode(e, tokens: list[int], f: int, gen_tokens: int, repeat: int,
         feed.close()
         times.append(time.perf_counter() - t0)
     e.rewind(f)
-    return round(gen_tokens / statistics.median(times), 1), feed.stats.accepted, feed.stats.drafted
+    return round(gen_tokens / statistics.median(times), 1), feed.stats
 
 
 def write_csv(rows: list[dict], path: Path) -> None:

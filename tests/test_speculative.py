@@ -187,6 +187,9 @@ def test_chat_session_reply_is_the_same_with_lookup(smollm2_path, tmp_path):
         text = "".join(e.text for e in events if isinstance(e, TextDelta))
         out.append((text, fin.reason, fin.usage.completion_tokens, s.engine.tokens))
         assert s.engine.last_lookup.accepted >= (20 if lookup else 0)
+        # the counts travel with the request's usage (the server's /metrics reads them there)
+        assert (fin.usage.guessed_tokens, fin.usage.kept_tokens) == (s.engine.last_lookup.drafted,
+                                                                      s.engine.last_lookup.accepted)
     assert out[0] == out[1]
 
 

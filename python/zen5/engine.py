@@ -39,6 +39,8 @@ class Usage:
     reused_tokens: int        # prompt tokens already in the KV cache
     prefill_seconds: float
     decode_seconds: float
+    guessed_tokens: int = 0   # prompt-lookup guesses evaluated (speculative.py)
+    kept_tokens: int = 0      # of them, tokens the sampler picked
 
     @property
     def prefill_tps(self) -> float:
@@ -300,7 +302,7 @@ class Engine:
         if not stopped_on_text:
             held += decoder.flush()
         t2 = time.perf_counter()
-        usage = Usage(len(ids), n_out, reused, t1 - t0, t2 - t1)
+        usage = Usage(len(ids), n_out, reused, t1 - t0, t2 - t1, feed.stats.drafted, feed.stats.accepted)
         yield Chunk(held, None, None, finish, usage)
 
     # ---- description ---------------------------------------------------------------------

@@ -120,11 +120,6 @@ class Metrics:
         self.rejected = self.cancelled = self.degraded = 0
         self.guessed = self.guesses_kept = 0
 
-    def lookup(self, stats) -> None:
-        with self.lock:
-            self.guessed += stats.drafted
-            self.guesses_kept += stats.accepted
-
     def request(self, api: str, status: int) -> None:
         with self.lock:
             self.requests[(api, status)] = self.requests.get((api, status), 0) + 1
@@ -135,6 +130,8 @@ class Metrics:
             self.reused += u.reused_tokens
             self.prefilled += u.prefilled_tokens
             self.generated += u.completion_tokens
+            self.guessed += u.guessed_tokens
+            self.guesses_kept += u.kept_tokens
             self.prefill_s += u.prefill_seconds
             self.decode_s += u.decode_seconds
             if u.prefilled_tokens and u.prefill_seconds > 0:
@@ -345,11 +342,6 @@ class Worker:
 
     def _record(self, ev) -> Usage | None:
         """Metrics from a request's final event (chat Finish, or a completion's last piece)."""
-        engine = getattr(self.session, "engine", None)
-        stats = getattr(engine, "last_lookup", None)
-        if stats is not None:  # the generation's prompt-lookup counters, taken once
-            self.metrics.lookup(stats)
-            engine.last_lookup = None
         if isinstance(ev, Finish):
             self.metrics.usage(ev.usage, len(ev.diagnostics))
             return ev.usage
@@ -358,7 +350,7 @@ class Worker:
             return None
         usage = Usage(u.prompt_tokens, u.completion_tokens, u.reused_tokens,
                       u.prompt_tokens - u.reused_tokens, "token_prefix" if u.reused_tokens else "cold",
-                      u.prefill_seconds, u.decode_seconds)
+                      u.prefill_seconds, u.decode_seconds, u.guessed_tokens, u.kept_tokens)
         self.metrics.usage(usage, 0)
         return usage
 

@@ -90,10 +90,10 @@ class _Plan:
     segments: list[d.Segment] | None = None   # disk rung: the prompt, to re-plan if it fails
 
 
-def _usage(plan: _Plan, completion_tokens: int, **seconds) -> Usage:
+def _usage(plan: _Plan, completion_tokens: int, **more) -> Usage:
     return Usage(prompt_tokens=plan.keep + len(plan.new_tokens), completion_tokens=completion_tokens,
                  reused_tokens=plan.keep, prefilled_tokens=len(plan.new_tokens), cache_source=plan.source,
-                 **seconds)
+                 **more)
 
 
 def prompt_response_format(request: ChatRequest) -> dict | None:
@@ -358,7 +358,8 @@ class ChatSession:
         self._live = _Live(plan.text + tok.decode(gen.evaluated), eng.state_id,
                            tuple(c[0] for c in calls) if gen.reason == "tool_calls" else (),
                            thinking_mode)
-        usage = _usage(plan, gen.n_sampled, prefill_seconds=t1 - t0, decode_seconds=t2 - t1)
+        usage = _usage(plan, gen.n_sampled, prefill_seconds=t1 - t0, decode_seconds=t2 - t1,
+                       guessed_tokens=gen.feed.stats.drafted, kept_tokens=gen.feed.stats.accepted)
         yield Finish(gen.reason, usage, tuple(diagnostics + gen.diagnostics), gen.stop_sequence)
 
     # ---- disk checkpoints -------------------------------------------------------------------

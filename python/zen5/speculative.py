@@ -84,9 +84,9 @@ class DraftFeed:
     `align`: batches never run past a multiple of it, so a checkpoint taken when the accepted
     count reaches one finds no guesses in the cache."""
 
-    def __init__(self, engine, enabled: bool = True, max_draft: int = MAX_DRAFT, align: int = 0):
+    def __init__(self, engine, max_draft: int = MAX_DRAFT, align: int = 0):
         self.eng = engine
-        self.lookup = Lookup(engine.tokens, engine.n_ctx) if enabled and max_draft > 0 else None
+        self.lookup = Lookup(engine.tokens, engine.n_ctx) if max_draft > 0 else None  # 0: off
         self.max_draft, self.align = max_draft, align
         self._k = min(FIRST_DRAFT, max_draft)  # the next batch's guess limit
         self.stats = LookupStats()
