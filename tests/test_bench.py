@@ -124,6 +124,8 @@ def test_report_renders_latest_full_run_between_markers(tmp_path):
     assert "2026-01-02T00:00:00" in text and "32% of decode at 512" in text
     # 100 MB of weights + 234 MB of K/V per token at the 33.4 GB/s DRAM roof: 100 tok/s
     assert "bounds decode there at 100 tok/s (40% of decode at the first frontier), and zen5 reaches 80%" in text
+    # the 234 MB of K/V alone at 33.4 GB/s: 143 tok/s, 57% of 250
+    assert "reaches 80% of that bound; the K/V reads alone, with the weights free, would bound it at 143 tok/s (57%)." in text
     assert "int8 VNNI 1,769 GOP/s" in text
     # the q8_0 walk: 120 tok/s = 1.50x the f16 cache's 80 and 48% of its 250 at 512; 100 + 134 MB
     # per token at 33.4 GB/s bound it at 143 tok/s (57% of 250), reached to 84%
@@ -131,6 +133,7 @@ def test_report_renders_latest_full_run_between_markers(tmp_path):
             "default; `bench/results/Test_CPU-frontier-kv-q8_0.csv`): decode at 8192 120 tok/s, 1.50x the default "
             "cache there and 48% of the default's decode at 512.") in text
     assert "bounds decode there at 143 tok/s (57% of decode at the first frontier), and zen5 reaches 84%" in text
+    assert "with the weights free, would bound it at 249 tok/s (100%)." in text  # 33.4 GB/s / 134 MB
     assert "produce the same tokens at 500 tok/s at 512 (2.00x) and 200 at 8192 (2.50x)" in text
     report.update_readme(tmp_path, readme)
     assert readme.read_text() == text  # idempotent
