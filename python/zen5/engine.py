@@ -113,10 +113,9 @@ class Engine:
         try:
             self.lookup = int(raw)
         except ValueError:
-            raise ValueError(f"lookup (ZEN5_LOOKUP) must be an integer >= 0, got {raw!r}") from None
+            self.lookup = -1
         if self.lookup < 0:
             raise ValueError(f"lookup (ZEN5_LOOKUP) must be an integer >= 0, got {raw!r}")
-        self.last_lookup = None  # the last generation's LookupStats (set by DraftFeed.close)
         self.isa: str = self.ctx.isa
         self._tokens: list[int] = []  # exactly the tokens whose K/V rows the context holds
         self.state_id = 0              # bumped on every change of the cache (staleness checks)

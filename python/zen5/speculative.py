@@ -70,7 +70,6 @@ class Lookup:
 
 @dataclass
 class LookupStats:
-    batches: int = 0     # evaluations that carried guesses
     drafted: int = 0     # guesses evaluated
     accepted: int = 0    # guesses the sampler picked (tokens that cost no evaluation of their own)
 
@@ -117,8 +116,7 @@ class DraftFeed:
             self.stats.accepted += 1
             return
         if self._guesses:  # (the last kept token's logits stay current if the next eval fails)
-            self.eng.rewind(self.n_tokens, self._rows[self._i])
-            self._guesses = []
+            self._drop_guesses()
             self._k = max(1, self._k - 1)
         elif self._rows is not None:  # every guess of the last batch was kept
             self._k = min(self.max_draft, self._k + 2)
@@ -133,13 +131,15 @@ class DraftFeed:
             return
         self._rows = self.eng.append([tok] + guesses, all_logits=True)
         self._i, self._guesses = 0, guesses
-        self.stats.batches += 1
         self.stats.drafted += len(guesses)
 
     def close(self) -> None:
         """Rewind the pending guesses; the logits of the last accepted token stay current."""
         if self._guesses:
-            self.eng.rewind(self.n_tokens, self._rows[self._i])
-            self._guesses = []
+            self._drop_guesses()
         self._rows = None
-        self.eng.last_lookup = self.stats
+
+    def _drop_guesses(self) -> None:
+        # the row of the next position holds the last accepted token's logits: no re-evaluation
+        self.eng.rewind(self.n_tokens, self._rows[self._i])
+        self._guesses = []

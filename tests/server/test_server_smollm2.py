@@ -338,5 +338,5 @@ def test_prompt_lookup_through_the_server_changes_speed_not_the_reply(smollm2_se
 
     s = ChatSession(Engine.load(smollm2_path, ctx=2048, threads=2, lookup=0), "chatml", state_dir=tmp_path)
     events = list(s.chat(ChatRequest((Message.text("user", content),), max_tokens=120)))
-    assert s.engine.last_lookup.drafted == 0
+    assert events[-1].usage.guessed_tokens == 0
     assert r.choices[0].message.content == "".join(e.text for e in events if isinstance(e, TextDelta))
