@@ -242,6 +242,16 @@ PYBIND11_MODULE(_native, m) {
     m.attr("isa") = active.name;
     m.attr("version") = ZEN5_VERSION;
     m.def("avx512_supported", &cpu_supports_avx512);
+    // [(name, missing)] for every ISA tier, worst to best; missing is "" when this CPU, OS and
+    // build can run it
+    m.def("isa_tiers", [] {
+        py::list out;
+        for (int i = 0; i < kTierCount; ++i) {
+            const IsaTier t = isa_tier(i);
+            out.append(py::make_tuple(t.name, t.missing));
+        }
+        return out;
+    });
     // sampler.h; the Python Sampler draws u from its seeded Generator
     m.def("sample_token", [](F32Array logits, double temperature, int top_k, double top_p, double min_p, double u) {
         const py::ssize_t n = logits.size();

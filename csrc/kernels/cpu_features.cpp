@@ -1,5 +1,7 @@
-// Runtime ISA choice. AVX-512 needs both the CPU (CPUID leaf 7) and the OS (XCR0 must enable
-// the opmask and upper ZMM state; a kernel or hypervisor can hide it). We check both, once.
+// Runtime ISA choice. A tier needs the CPU (CPUID leaves 1 and 7), the OS (XCR0 must enable the
+// YMM state for AVX2, and the opmask and upper ZMM state for AVX-512: a kernel or hypervisor can
+// hide them) and the build (its translation unit). We check all three, once, and name what is
+// missing, so ZEN5_FORCE_ISA=avx512 on a Zen 3 says "CPU lacks AVX512F, ..." rather than SIGILL.
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -16,34 +18,108 @@ namespace zen5 {
 #ifdef ZEN5_NO_AVX512
 const Kernels* kernels_avx512() { return nullptr; }  // this build has only the reference
 #endif
-
-bool cpu_supports_avx512() {
-#if (defined(__x86_64__) || defined(_M_X64)) && !defined(ZEN5_NO_AVX512)
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
-    const bool osxsave = c & (1u << 27), fma = c & (1u << 12), f16c = c & (1u << 29);
-    if (!osxsave || !fma || !f16c) return false;
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    // XCR0 bits: 1 SSE, 2 AVX, 5 opmask, 6 ZMM_Hi256, 7 Hi16_ZMM
-    if ((lo & 0xE6u) != 0xE6u) return false;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    const bool f = b & (1u << 16), dq = b & (1u << 17), bw = b & (1u << 30), vl = b & (1u << 31);
-    const bool vnni = c & (1u << 11);  // int8 dot products (Zen 4/5, Ice Lake and later)
-    return f && dq && bw && vl && vnni && kernels_avx512() != nullptr;
-#else
-    return false;
+#ifdef ZEN5_NO_AVX2
+const Kernels* kernels_avx2() { return nullptr; }
 #endif
+#ifdef ZEN5_NO_AVX2VNNI
+const Kernels* kernels_avx2vnni() { return nullptr; }
+#endif
+
+namespace {
+
+struct Features {
+    bool osxsave = false, ymm_os = false, zmm_os = false;
+    bool avx = false, fma = false, f16c = false, avx2 = false, avxvnni = false;
+    bool f = false, dq = false, bw = false, vl = false, vnni512 = false;
+};
+
+Features read_features() {
+    Features x;
+#if defined(__x86_64__) || defined(_M_X64)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return x;
+    x.osxsave = c & (1u << 27);
+    x.avx = c & (1u << 28);
+    x.fma = c & (1u << 12);
+    x.f16c = c & (1u << 29);
+    if (x.osxsave) {
+        unsigned lo, hi;
+        __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+        x.ymm_os = (lo & 0x6u) == 0x6u;    // XCR0 bits 1 SSE, 2 AVX
+        x.zmm_os = (lo & 0xE6u) == 0xE6u;  // + 5 opmask, 6 ZMM_Hi256, 7 Hi16_ZMM
+    }
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+        x.avx2 = b & (1u << 5);
+        x.f = b & (1u << 16);
+        x.dq = b & (1u << 17);
+        x.bw = b & (1u << 30);
+        x.vl = b & (1u << 31);
+        x.vnni512 = c & (1u << 11);
+    }
+    if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) x.avxvnni = a & (1u << 4);
+#endif
+    return x;
 }
 
-const Kernels& kernels_by_name(const char* name) {
-    if (std::strcmp(name, "ref") == 0) return kernels_ref();
-    if (std::strcmp(name, "avx512") == 0) {
-        if (!cpu_supports_avx512())
-            throw std::runtime_error("AVX-512 kernels requested but this CPU/OS/build lacks AVX-512");
-        return *kernels_avx512();
+// "" when every named feature is present, else "CPU lacks A, B" / "OS does not save ..." /
+// "not built" (the first that applies).
+std::string missing(const Kernels* built, std::initializer_list<std::pair<const char*, bool>> cpu, bool os_ok,
+                    const char* os_state) {
+    std::string lacks;
+    for (const auto& [name, ok] : cpu)
+        if (!ok) lacks += (lacks.empty() ? "" : ", ") + std::string(name);
+    if (!lacks.empty()) return "CPU lacks " + lacks;
+    if (!os_ok) return std::string("OS does not save the ") + os_state + " state (XCR0)";
+    if (!built) return "not built (compiler or target without these instructions)";
+    return "";
+}
+
+struct Tiers {
+    std::string why[kTierCount];
+    const Kernels* table[kTierCount];
+    Tiers() {
+        const Features x = read_features();
+        const std::initializer_list<std::pair<const char*, bool>> avx2 = {
+            {"AVX", x.avx}, {"AVX2", x.avx2}, {"FMA", x.fma}, {"F16C", x.f16c}};
+        table[0] = &kernels_ref();
+        why[1] = missing(kernels_avx2(), avx2, x.ymm_os, "YMM");
+        table[1] = why[1].empty() ? kernels_avx2() : nullptr;
+        why[2] = missing(kernels_avx2vnni(),
+                         {{"AVX", x.avx}, {"AVX2", x.avx2}, {"FMA", x.fma}, {"F16C", x.f16c}, {"AVX-VNNI", x.avxvnni}},
+                         x.ymm_os, "YMM");
+        table[2] = why[2].empty() ? kernels_avx2vnni() : nullptr;
+        why[3] = missing(kernels_avx512(),
+                         {{"AVX512F", x.f}, {"AVX512DQ", x.dq}, {"AVX512BW", x.bw}, {"AVX512VL", x.vl},
+                          {"AVX512_VNNI", x.vnni512}, {"FMA", x.fma}, {"F16C", x.f16c}},
+                         x.zmm_os, "ZMM");
+        table[3] = why[3].empty() ? kernels_avx512() : nullptr;
     }
-    throw std::runtime_error(std::string("unknown ISA '") + name + "' (expected ref or avx512)");
+};
+
+const Tiers& tiers() {
+    static const Tiers t;
+    return t;
+}
+
+constexpr const char* kTierNames[kTierCount] = {"ref", "avx2", "avx2vnni", "avx512"};
+
+}  // namespace
+
+IsaTier isa_tier(int i) {
+    const Tiers& t = tiers();
+    return {kTierNames[i], t.table[i], t.why[i].c_str()};
+}
+
+bool cpu_supports_avx512() { return isa_tier(3).kernels != nullptr; }
+
+const Kernels& kernels_by_name(const char* name) {
+    for (int i = 0; i < kTierCount; ++i)
+        if (std::strcmp(name, kTierNames[i]) == 0) {
+            const IsaTier t = isa_tier(i);
+            if (!t.kernels) throw std::runtime_error(std::string(name) + " kernels unavailable: " + t.missing);
+            return *t.kernels;
+        }
+    throw std::runtime_error(std::string("unknown ISA '") + name + "' (expected ref, avx2, avx2vnni or avx512)");
 }
 
 static const Kernels* g_active = nullptr;
@@ -58,7 +134,7 @@ const Kernels& select_kernels() {
             throw std::runtime_error(std::string("ZEN5_FORCE_ISA=") + force + ": " + e.what());
         }
     } else {
-        g_active = cpu_supports_avx512() ? kernels_avx512() : &kernels_ref();
+        for (int i = kTierCount - 1; i >= 0 && !g_active; --i) g_active = isa_tier(i).kernels;
     }
     return *g_active;
 }

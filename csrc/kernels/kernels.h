@@ -1,8 +1,10 @@
-// The kernel table: every hot operation of the decoder, in a scalar reference version
-// (kernels_ref.cpp, the spec) and an AVX-512 version (kernels_avx512.cpp, compiled with AVX-512
-// flags in its own translation unit). One table is chosen once at import from CPUID + XCR0
-// (cpu_features.cpp), or forced with ZEN5_FORCE_ISA=ref|avx512. Nothing else in the engine
-// calls SIMD intrinsics, so the rest of the code builds for any x86-64 or ARM target.
+// The kernel table: every hot operation of the decoder, in one version per ISA tier: a scalar
+// reference (kernels_ref.cpp, the spec), AVX2 (kernels_avx2.cpp, built twice: AVX2+FMA+F16C, and
+// again with AVX-VNNI as avx2vnni) and AVX-512 (kernels_avx512.cpp); each SIMD tier is a
+// translation unit of its own with its own flags. The best tier this CPU, OS and build support is
+// chosen once at import from CPUID + XCR0 (cpu_features.cpp), or forced with
+// ZEN5_FORCE_ISA=ref|avx2|avx2vnni|avx512. Nothing else in the engine calls SIMD intrinsics, so
+// the rest of the code builds for any x86-64 or ARM target.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -216,14 +218,28 @@ struct Kernels {
 };
 
 const Kernels& kernels_ref();
-// nullptr when the build has no AVX-512 translation unit (non-x86 targets).
+// Each is nullptr when the build has no such translation unit (non-x86 targets, or a compiler
+// without -mavxvnni for avx2vnni).
+const Kernels* kernels_avx2();
+const Kernels* kernels_avx2vnni();
 const Kernels* kernels_avx512();
 
-bool cpu_supports_avx512();      // AVX-512 F/BW/VL/DQ/VNNI + F16C/FMA, and the OS saves ZMM state
-// Chooses the table once (ZEN5_FORCE_ISA respected); throws std::runtime_error on a bad request.
+// The ISA tiers, worst to best: ref, avx2, avx2vnni, avx512. `missing` is empty when this CPU, OS
+// and build can run the tier, else what is missing ("CPU lacks AVX512_VNNI", "OS does not save
+// the YMM state", "not built"...).
+struct IsaTier {
+    const char* name;
+    const Kernels* kernels;  // nullptr when missing
+    const char* missing;     // "" when supported
+};
+constexpr int kTierCount = 4;
+IsaTier isa_tier(int i);  // i in [0, kTierCount)
+bool cpu_supports_avx512();
+// Chooses the table once: the best supported tier, or ZEN5_FORCE_ISA; throws std::runtime_error
+// naming what is missing on a bad request.
 const Kernels& select_kernels();
 const Kernels& active_kernels();  // the table chosen by select_kernels()
-const Kernels& kernels_by_name(const char* name);  // "ref" or "avx512"; throws if unavailable
+const Kernels& kernels_by_name(const char* name);  // a tier's name; throws if unknown or unsupported
 
 // IEEE half / bfloat16 to float, bit exact (shared by both paths).
 inline float bf16_to_f32(uint16_t h) {

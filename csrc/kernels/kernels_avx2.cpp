@@ -1,0 +1,531 @@
+// AVX2 kernels (AVX2 + FMA + F16C; and, built a second time with ZEN5_AVXVNNI, AVX-VNNI): the
+// tier for x86-64 CPUs without AVX-512 VNNI (Zen 2/3, Haswell to today's Intel client chips,
+// Skylake-X). Reached only through the kernel table after cpu_features.cpp has checked CPUID and
+// XCR0. Same contracts as the AVX-512 tier (kernels.h), on the same packed layouts: a zmm lane
+// per row there is a ymm lane per row here, so a 16-row group is two octets of rows (the first and
+// second 32 bytes of each 64-byte chunk). The int8 and float-panel matmuls do the same integer
+// sums and the same float operations in the same order per (row, token) as the AVX-512 tier, so
+// the two give the same bits (tests/test_kernels.py checks it where both run).
+//
+// No standard-library templates in this file (kernels_avx2.h): scratch space is on the stack.
+#include "kernels_avx2.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace zen5 {
+namespace ZEN5_TIER {
+namespace {
+
+// Decode prefetches the weight stream this many blocks ahead into L2, as the AVX-512 tier does.
+constexpr int kPrefetchBlocks = 32;
+
+static inline float half(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return _cvtsh_ss(v); }
+
+// 4 activation bytes broadcast to every lane, read through a type that may alias int8 data.
+typedef int32_t i32_alias __attribute__((may_alias, aligned(1)));
+static inline __m256i bcast4(const int8_t* p) { return _mm256_set1_epi32(*reinterpret_cast<const i32_alias*>(p)); }
+
+// ---- int8 matmuls over PackedWeights (kernels.h) ---------------------------------------------
+//
+// O octets of rows (8 rows, one ymm lane each) x NT tokens. Per block the integer sum of each
+// (row, token) is built in registers, then f += float(isum) * (d_w * d_x) (and, Q4_1,
+// f += m_w * (d_x sum q)): the AVX-512 tier's float steps, so the same bits.
+//
+// Without VNNI the dot products are vpmaddubsw + vpmaddwd, which saturate at int16 for an
+// unsigned operand near 255 (x86-tiers.md), so each type takes the form that stays exact:
+//  Q4_0/Q4_1  the nibbles (0..15) are the unsigned operand; a pair is at most 2 x 15 x 127 and
+//             a block's 8 pairs per int16 lane at most 30,480, so the block sums in int16 and
+//             pays one vpmaddwd per (octet, token) per block, not one per vpmaddubsw
+//  Q8_0       stored as w + 128; flipped back to w, |w| is the unsigned operand and the
+//             activation takes w's sign (vpsignb), so a pair is at most 2 x 128 x 127
+// With VNNI: vpdpbusd on the stored bytes, as the AVX-512 tier (Q8_0's -128 sum q correction
+// starts the accumulator).
+template <int TYPE, int O, int NT>
+void octet_tile(const PackedWeights& w, int64_t k0, const QuantAct& x, int t0, float* y, int64_t ldy, int last_rows) {
+    constexpr bool q4 = TYPE != GGML_Q8_0;
+    __m256 f[O][NT];
+    for (int h = 0; h < O; ++h)
+        for (int t = 0; t < NT; ++t) f[h][t] = _mm256_setzero_ps();
+    const __m256i m0f = _mm256_set1_epi8(15);
+    const int8_t* xq = x.q + t0 * QK;
+    const float* xd = x.d + t0;
+    const int32_t* xc = x.c + t0;
+    const float* xds = x.ds + t0;
+    const int64_t qstep = x.ld * QK;
+    for (int64_t b = 0; b < w.blocks; ++b, xq += qstep, xd += x.ld, xc += x.ld, xds += x.ld) {
+        const uint8_t* pay[O];
+        const uint8_t* sc[O];
+        for (int h = 0; h < O; ++h) {
+            const int64_t k = k0 + h;
+            pay[h] = w.at(k >> 1, b) + 32 * (k & 1);
+            sc[h] = w.scale_at(k >> 1, b) + 16 * (k & 1);
+        }
+        if (t0 == 0 && (k0 & 1) == 0) {  // the first token tile streams the group's weights
+            const char* ahead = (const char*)w.at(k0 >> 1, b) + kPrefetchBlocks * w.block_bytes;
+            for (size_t o = 0; o < w.block_bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T1);
+            _mm_prefetch((const char*)w.scale_at(k0 >> 1, b) + kPrefetchBlocks * w.scale_bytes, _MM_HINT_T1);
+        }
+        __m256i acc[O][NT];
+#ifdef ZEN5_AVXVNNI
+        constexpr bool i16 = false;
+#else
+        constexpr bool i16 = q4;
+#endif
+        for (int h = 0; h < O; ++h)
+            for (int t = 0; t < NT; ++t) acc[h][t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) {
+            __m256i p[O], a[O];
+            int o;
+            for (int h = 0; h < O; ++h) {
+                if constexpr (q4) {
+                    const __m256i raw = _mm256_load_si256((const __m256i*)(pay[h] + 64 * (j % 4)));
+                    p[h] = j < 4 ? _mm256_and_si256(raw, m0f) : _mm256_and_si256(_mm256_srli_epi16(raw, 4), m0f);
+                    o = j < 4 ? 4 * j : 16 + 4 * (j - 4);
+                } else {
+                    p[h] = _mm256_load_si256((const __m256i*)(pay[h] + 64 * j));
+                    o = 4 * j;
+#ifndef ZEN5_AVXVNNI
+                    p[h] = _mm256_xor_si256(p[h], _mm256_set1_epi8(char(0x80)));  // w, signed
+                    a[h] = _mm256_abs_epi8(p[h]);                                 // |w| as u8 (128 too)
+#endif
+                }
+            }
+            (void)a;
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; ++t) {
+                const __m256i xb = bcast4(xq + t * QK + o);
+                for (int h = 0; h < O; ++h) {
+                    if constexpr (i16)
+                        acc[h][t] = _mm256_add_epi16(acc[h][t], _mm256_maddubs_epi16(p[h], xb));
+#ifdef ZEN5_AVXVNNI
+                    else acc[h][t] = dot4(acc[h][t], p[h], xb);
+#else
+                    else acc[h][t] = dot4(acc[h][t], a[h], _mm256_sign_epi8(xb, p[h]));
+#endif
+                }
+            }
+        }
+        for (int h = 0; h < O; ++h) {
+            const __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)sc[h]));
+            __m256 wm = _mm256_setzero_ps();
+            if constexpr (TYPE == GGML_Q4_1) wm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sc[h] + 32)));
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; ++t) {
+                __m256i sum = acc[h][t];
+                if constexpr (i16) sum = _mm256_madd_epi16(sum, _mm256_set1_epi16(1));
+                // the zero points: Q4_0 -8 sum q (c / 16); Q8_0 with VNNI -128 sum q (c)
+                if constexpr (TYPE == GGML_Q4_0) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(xc[t] >> 4));
+#ifdef ZEN5_AVXVNNI
+                if constexpr (TYPE == GGML_Q8_0) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(xc[t]));
+#endif
+                f[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(wd, _mm256_set1_ps(xd[t])), f[h][t]);
+                if constexpr (TYPE == GGML_Q4_1) f[h][t] = _mm256_fmadd_ps(wm, _mm256_set1_ps(xds[t]), f[h][t]);
+            }
+        }
+    }
+    for (int h = 0; h < O; ++h)
+        for (int t = 0; t < NT; ++t) {
+            float* out = y + (t0 + t) * ldy + (k0 + h) * 8;
+            if (h == O - 1 && last_rows < 8) _mm256_maskstore_ps(out, tail_mask8(last_rows), f[h][t]);
+            else _mm256_storeu_ps(out, f[h][t]);
+        }
+}
+
+// Tokens per tile in prefill: the accumulators (2 x NT) and the step's operands fit the 16 ymm
+// registers; Q8_0 without VNNI needs two more (|w| and the signed activation).
+template <int TYPE>
+constexpr int prefill_tokens() {
+#ifdef ZEN5_AVXVNNI
+    return 6;
+#else
+    return TYPE == GGML_Q8_0 ? 4 : 6;
+#endif
+}
+
+// All n tokens against O octets from k0: full tiles of NT, then the rest one smaller tile.
+template <int TYPE, int O, int NT>
+void octet_tiles(const PackedWeights& w, int64_t k0, const QuantAct& x, int n, float* y, int64_t ldy, int last) {
+    int t0 = 0;
+    for (; t0 + NT <= n; t0 += NT) octet_tile<TYPE, O, NT>(w, k0, x, t0, y, ldy, last);
+    const int left = n - t0;
+    if constexpr (NT > 1)
+        if (left > 0) {
+            if (left >= NT / 2 && NT / 2 > 1) {
+                octet_tile<TYPE, O, NT / 2>(w, k0, x, t0, y, ldy, last);
+                t0 += NT / 2;
+            }
+            for (; t0 < n; ++t0) octet_tile<TYPE, O, 1>(w, k0, x, t0, y, ldy, last);
+        }
+}
+
+template <int TYPE>
+void matmul_int8_typed(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n, float* y,
+                       int64_t ldy) {
+    const int64_t k_begin = r0 / 8, k_end = (r1 + 7) / 8;
+    const int last = int(r1 - (k_end - 1) * 8);
+    if (n < 4) {
+        // decode and small batches: a group (two octets) per pass, so each weight line is read
+        // once per token tile
+        int64_t k = k_begin;
+        for (; k + 2 <= k_end; k += 2) {
+            const int lr = k + 2 == k_end ? last : 8;
+            if (n == 1) octet_tile<TYPE, 2, 1>(w, k, x, 0, y, ldy, lr);
+            else if (n == 2) octet_tile<TYPE, 2, 2>(w, k, x, 0, y, ldy, lr);
+            else {
+                octet_tile<TYPE, 2, 2>(w, k, x, 0, y, ldy, lr);
+                octet_tile<TYPE, 2, 1>(w, k, x, 2, y, ldy, lr);
+            }
+        }
+        if (k < k_end) octet_tiles<TYPE, 1, 2>(w, k, x, n, y, ldy, last);
+        return;
+    }
+    // prefill: an octet at a time, every token tile (its group's weights stay in L1/L2 between
+    // the two octets)
+    for (int64_t k = k_begin; k < k_end; ++k)
+        octet_tiles<TYPE, 1, prefill_tokens<TYPE>()>(w, k, x, n, y, ldy, k + 1 == k_end ? last : 8);
+}
+
+void matmul_int8(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n, float* y, int64_t ldy) {
+    switch (w.type) {
+        case GGML_Q4_0: return matmul_int8_typed<GGML_Q4_0>(w, r0, r1, x, n, y, ldy);
+        case GGML_Q4_1: return matmul_int8_typed<GGML_Q4_1>(w, r0, r1, x, n, y, ldy);
+        case GGML_Q8_0: return matmul_int8_typed<GGML_Q8_0>(w, r0, r1, x, n, y, ldy);
+    }
+}
+
+// Activations to int8 per 32-block, the reference's bytes: d = max|x| / 127, q = round(x / d)
+// to nearest even (vcvtps2dq in the default MXCSR mode), clamped to +-127.
+void quantize_act(const float* x, int n, int64_t cols, int64_t ld, int8_t* q, float* d, int32_t* c, float* ds) {
+    const int64_t nb = cols / QK;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
+    for (int t = 0; t < n; ++t)
+        for (int64_t b = 0; b < nb; ++b) {
+            const float* xb = x + t * cols + b * QK;
+            const int64_t i = b * ld + t;
+            __m256 v[4], m = _mm256_setzero_ps();
+            for (int j = 0; j < 4; ++j) {
+                v[j] = _mm256_loadu_ps(xb + 8 * j);
+                m = _mm256_max_ps(m, _mm256_and_ps(v[j], absmask));
+            }
+            const float amax = hmax8(m);
+            const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+            const __m256 vid = _mm256_set1_ps(id);
+            __m256i qi[4], s = _mm256_setzero_si256();
+            for (int j = 0; j < 4; ++j) {
+                qi[j] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[j], vid)), hi), lo);
+                s = _mm256_add_epi32(s, qi[j]);
+            }
+            // 32 int32 -> 32 int8 in order: packs work per 128-bit lane, the permute restores it
+            const __m256i w16a = _mm256_packs_epi32(qi[0], qi[1]), w16b = _mm256_packs_epi32(qi[2], qi[3]);
+            const __m256i b8 = _mm256_packs_epi16(w16a, w16b);
+            _mm256_storeu_si256((__m256i*)(q + i * QK),
+                                _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            const int32_t sum = hsum8i(s);
+            d[i] = db;
+            c[i] = -128 * sum;
+            ds[i] = db * float(sum);
+        }
+}
+
+// ---- float matmuls over FloatPanels (kernels.h) ----------------------------------------------
+//
+// A panel group (16 rows) is two ymm of lanes. A tile is R groups x NT tokens (R x 2 x NT
+// accumulators): decode takes a whole band (R = 4, NT = 1), prefill half a band x 3 tokens, since
+// a whole band x 6 tokens (the AVX-512 tile) needs 48 registers here. One FMA chain per (row,
+// token) over the columns in order, as the AVX-512 tier: the same bits whatever the tile.
+constexpr size_t kPrefetchRow = 4096;
+
+template <int TYPE>
+static inline void load_step(const uint8_t* gp, int half, __m256& w0, __m256& w1) {
+    // gp: one group's bytes of a step; half (BF16 only): 0 = column 2s, 1 = column 2s + 1
+    if constexpr (TYPE == GGML_F32) {
+        w0 = _mm256_load_ps((const float*)gp);
+        w1 = _mm256_load_ps((const float*)gp + 8);
+    } else if constexpr (TYPE == GGML_F16) {
+        w0 = _mm256_cvtph_ps(_mm_load_si128((const __m128i*)gp));
+        w1 = _mm256_cvtph_ps(_mm_load_si128((const __m128i*)(gp + 16)));
+    } else {
+        const __m256i a = _mm256_load_si256((const __m256i*)gp), b = _mm256_load_si256((const __m256i*)(gp + 32));
+        if (half == 0) {
+            w0 = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
+            w1 = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
+        } else {
+            const __m256i hi = _mm256_set1_epi32(int(0xFFFF0000u));
+            w0 = _mm256_castsi256_ps(_mm256_and_si256(a, hi));
+            w1 = _mm256_castsi256_ps(_mm256_and_si256(b, hi));
+        }
+    }
+}
+
+template <int TYPE, int R, int NT>
+void panel_tile(const FloatPanels& w, int64_t band, int g0, const float* x, int64_t ldx, float* y, int64_t ldy,
+                int64_t r_end) {
+    __m256 a[R][2][NT];
+    for (int g = 0; g < R; ++g)
+        for (int t = 0; t < NT; ++t) a[g][0][t] = a[g][1][t] = _mm256_setzero_ps();
+    const size_t sb = 4 * w.group_bytes;  // bytes per step
+    const uint8_t* p = w.band(band) + g0 * w.group_bytes;
+    auto fma_col = [&](int g, __m256 w0, __m256 w1, int64_t c) {
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t) {
+            const __m256 xv = _mm256_broadcast_ss(x + t * ldx + c);
+            a[g][0][t] = _mm256_fmadd_ps(w0, xv, a[g][0][t]);
+            a[g][1][t] = _mm256_fmadd_ps(w1, xv, a[g][1][t]);
+        }
+    };
+    auto prefetch = [&](const uint8_t* step) {
+        if constexpr (NT == 1)
+            for (size_t o = 0; o < sb; o += 64) _mm_prefetch((const char*)step + kPrefetchRow + o, _MM_HINT_T1);
+    };
+    const int64_t steps = TYPE == GGML_BF16 ? w.cols / 2 : w.cols;
+    for (int64_t s = 0; s < steps; ++s, p += sb) {
+        prefetch(p);
+        for (int hc = 0; hc < (TYPE == GGML_BF16 ? 2 : 1); ++hc)
+#pragma GCC unroll 4
+            for (int g = 0; g < R; ++g) {
+                __m256 w0, w1;
+                load_step<TYPE>(p + g * w.group_bytes, hc, w0, w1);
+                fma_col(g, w0, w1, TYPE == GGML_BF16 ? 2 * s + hc : s);
+            }
+    }
+    if (TYPE == GGML_BF16 && w.cols % 2)  // the last column, paired with zeros
+        for (int g = 0; g < R; ++g) {
+            __m256 w0, w1;
+            load_step<TYPE>(p + g * w.group_bytes, 0, w0, w1);
+            fma_col(g, w0, w1, w.cols - 1);
+        }
+    const int64_t r0 = band * kPanelRows + g0 * 16;
+    for (int g = 0; g < R; ++g)
+        for (int hh = 0; hh < 2; ++hh) {
+            const int64_t r = r0 + 16 * g + 8 * hh;
+            if (r >= r_end) break;
+            for (int t = 0; t < NT; ++t) {
+                float* out = y + t * ldy + r;
+                if (r_end - r >= 8) _mm256_storeu_ps(out, a[g][hh][t]);
+                else _mm256_maskstore_ps(out, tail_mask8(r_end - r), a[g][hh][t]);
+            }
+        }
+}
+
+template <int TYPE>
+void panel_matmul(const WeightView& w, int64_t r0, int64_t r1, const float* x, int n, int64_t ldx, float* y,
+                  int64_t ldy) {
+    const FloatPanels& pw = *w.panels;
+    for (int64_t b = r0 / kPanelRows; b * kPanelRows < r1; ++b) {
+        if (n == 1) {
+            panel_tile<TYPE, 4, 1>(pw, b, 0, x, ldx, y, ldy, r1);
+            continue;
+        }
+        for (int g0 = 0; g0 < 4; g0 += 2) {  // half a band; its weights stay in L1 for every tile
+            if (b * kPanelRows + g0 * 16 >= r1) break;
+            int t0 = 0;
+            for (; t0 + 3 <= n; t0 += 3) panel_tile<TYPE, 2, 3>(pw, b, g0, x + t0 * ldx, ldx, y + t0 * ldy, ldy, r1);
+            for (; t0 < n; ++t0) panel_tile<TYPE, 2, 1>(pw, b, g0, x + t0 * ldx, ldx, y + t0 * ldy, ldy, r1);
+        }
+    }
+}
+
+// Quantized weights with float activations (matmul="f32" on a quantized model): each block
+// dequantized once into 4 ymm, one FMA chain per 8 lanes of each (row, token).
+template <int TYPE>
+static inline void deq_block(const uint8_t* b, __m256 out[4]) {
+    const __m256 d = _mm256_set1_ps(half(b));
+    if constexpr (TYPE == GGML_Q8_0) {
+        for (int j = 0; j < 4; ++j)
+            out[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(b + 2 + 8 * j)))), d);
+    } else {
+        const uint8_t* qs = b + (TYPE == GGML_Q4_1 ? 4 : 2);
+        const __m128i q = _mm_loadu_si128((const __m128i*)qs), mask = _mm_set1_epi8(15);
+        const __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        const __m256 m = TYPE == GGML_Q4_1 ? _mm256_set1_ps(half(b + 2)) : _mm256_setzero_ps();
+        for (int j = 0; j < 4; ++j) {
+            __m256i v = _mm256_cvtepu8_epi32(parts[j]);
+            if constexpr (TYPE == GGML_Q4_0) {
+                out[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(v, _mm256_set1_epi32(8))), d);
+            } else {  // multiply, then add, as the reference rounds
+                const __m256 prod = _mm256_mul_ps(_mm256_cvtepi32_ps(v), d);
+                out[j] = _mm256_add_ps(prod, m);
+            }
+        }
+    }
+}
+
+template <int TYPE, int NT>
+void row_tile(const WeightView& w, int64_t r, const float* x, int64_t ldx, float* y, int64_t ldy) {
+    constexpr size_t bb = TYPE == GGML_Q4_0 ? 18 : TYPE == GGML_Q4_1 ? 20 : 34;
+    __m256 lo[NT], hi[NT];
+    for (int t = 0; t < NT; ++t) lo[t] = hi[t] = _mm256_setzero_ps();
+    const uint8_t* row = w.row(r);
+    for (int64_t b = 0; b < w.cols / QK; ++b) {
+        __m256 v[4];
+        deq_block<TYPE>(row + b * bb, v);
+        for (int t = 0; t < NT; ++t) {
+            const float* xt = x + t * ldx + b * QK;
+            lo[t] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xt), lo[t]);
+            hi[t] = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xt + 8), hi[t]);
+            lo[t] = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xt + 16), lo[t]);
+            hi[t] = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xt + 24), hi[t]);
+        }
+    }
+    for (int t = 0; t < NT; ++t) y[t * ldy + r] = hsum8(_mm256_add_ps(lo[t], hi[t]));
+}
+
+template <int TYPE>
+void quant_matmul(const WeightView& w, int64_t r0, int64_t r1, const float* x, int n, int64_t ldx, float* y,
+                  int64_t ldy) {
+    for (int64_t r = r0; r < r1; ++r) {
+        int t0 = 0;
+        for (; t0 + 4 <= n; t0 += 4) row_tile<TYPE, 4>(w, r, x + t0 * ldx, ldx, y + t0 * ldy, ldy);
+        for (; t0 < n; ++t0) row_tile<TYPE, 1>(w, r, x + t0 * ldx, ldx, y + t0 * ldy, ldy);
+    }
+}
+
+void matmul(const WeightView& w, int64_t r0, int64_t r1, const float* x, int n, int64_t ldx, float* y,
+            int64_t ldy) {
+    switch (w.type) {
+        case GGML_Q4_0: return quant_matmul<GGML_Q4_0>(w, r0, r1, x, n, ldx, y, ldy);
+        case GGML_Q4_1: return quant_matmul<GGML_Q4_1>(w, r0, r1, x, n, ldx, y, ldy);
+        case GGML_Q8_0: return quant_matmul<GGML_Q8_0>(w, r0, r1, x, n, ldx, y, ldy);
+    }
+    if (!w.panels) return kernels_ref().matmul(w, r0, r1, x, n, ldx, y, ldy);  // (kernels.h)
+    switch (w.type) {
+        case GGML_F32: return panel_matmul<GGML_F32>(w, r0, r1, x, n, ldx, y, ldy);
+        case GGML_F16: return panel_matmul<GGML_F16>(w, r0, r1, x, n, ldx, y, ldy);
+        case GGML_BF16: return panel_matmul<GGML_BF16>(w, r0, r1, x, n, ldx, y, ldy);
+    }
+}
+
+void dequant_row(int type, const uint8_t* src, int64_t n, float* dst) {
+    switch (type) {
+        case GGML_Q4_0:
+        case GGML_Q4_1:
+        case GGML_Q8_0: {
+            const size_t bb = row_bytes(type, QK);
+            for (int64_t b = 0; b < n / QK; ++b) {
+                __m256 v[4];
+                if (type == GGML_Q4_0) deq_block<GGML_Q4_0>(src + b * bb, v);
+                else if (type == GGML_Q4_1) deq_block<GGML_Q4_1>(src + b * bb, v);
+                else deq_block<GGML_Q8_0>(src + b * bb, v);
+                for (int j = 0; j < 4; ++j) _mm256_storeu_ps(dst + b * QK + 8 * j, v[j]);
+            }
+            return;
+        }
+        default: return kernels_ref().dequant_row(type, src, n, dst);  // F32 / F16 / BF16: conversions only
+    }
+}
+
+// ---- elementwise ------------------------------------------------------------------------------
+
+float dot(const float* a, const float* b, int64_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i < n; i += 8) {
+        const __m256i m = tail_mask8(n - i);
+        acc0 = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m), acc0);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+void axpy(float a, const float* x, float* y, int64_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256i m = tail_mask8(n - i);
+        _mm256_maskstore_ps(y + i, m, _mm256_fmadd_ps(va, _mm256_maskload_ps(x + i, m), _mm256_maskload_ps(y + i, m)));
+    }
+}
+
+void add(float* y, const float* x, int64_t n) {
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256i m = tail_mask8(n - i);
+        _mm256_maskstore_ps(y + i, m, _mm256_add_ps(_mm256_maskload_ps(y + i, m), _mm256_maskload_ps(x + i, m)));
+    }
+}
+
+void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* out) {
+    __m256 ss = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 v = _mm256_maskload_ps(x + i, tail_mask8(n - i));
+        ss = _mm256_fmadd_ps(v, v, ss);
+    }
+    const __m256 scale = _mm256_set1_ps(1.0f / std::sqrt(hsum8(ss) / float(n) + eps));
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256i m = tail_mask8(n - i);
+        _mm256_maskstore_ps(out + i, m,
+                            _mm256_mul_ps(_mm256_mul_ps(_mm256_maskload_ps(x + i, m), scale), _mm256_maskload_ps(w + i, m)));
+    }
+}
+
+// exp(x) for x in [-87, 88]: 2^k p(r), r = x - k ln2 (two-step), a degree-6 polynomial (Cephes
+// coefficients, about 2 ulp; the AVX-512 tier's exp512); 2^k built in the exponent field (k is in
+// [-126, 127] after the clamp, a normal number).
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+void swiglu(const float* g, const float* u, int64_t n, float* out) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256i m = tail_mask8(n - i);
+        const __m256 gv = _mm256_maskload_ps(g + i, m);
+        const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+        _mm256_maskstore_ps(out + i, m, _mm256_mul_ps(s, _mm256_maskload_ps(u + i, m)));
+    }
+}
+
+void to_f16(const float* x, int64_t n, uint16_t* out) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i*)(out + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (i < n) {
+        alignas(32) uint16_t tmp[8];
+        _mm_store_si128((__m128i*)tmp, _mm256_cvtps_ph(_mm256_maskload_ps(x + i, tail_mask8(n - i)),
+                                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        std::memcpy(out + i, tmp, size_t(n - i) * 2);
+    }
+}
+
+}  // namespace
+
+const Kernels* table() {
+#ifdef ZEN5_AVXVNNI
+    static const Kernels k{"avx2vnni",
+#else
+    static const Kernels k{"avx2",
+#endif
+                           matmul, dequant_row, dot, axpy, add, rmsnorm, swiglu, attn_scores, quantize_act,
+                           matmul_int8, attn_scores_h, attn_values_h, to_f16, softmax_partial, attn_values,
+                           attn_scores_q8, attn_values_q8};
+    return &k;
+}
+
+}  // namespace ZEN5_TIER
+
+#ifdef ZEN5_AVXVNNI
+const Kernels* kernels_avx2vnni() { return avx2vnni::table(); }
+#else
+const Kernels* kernels_avx2() { return avx2::table(); }
+#endif
+
+}  // namespace zen5
