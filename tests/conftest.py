@@ -10,6 +10,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "reference"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from tiers import FAST_TIERS, TIERS, UNTESTED  # noqa: E402
+
+
+@pytest.fixture(params=FAST_TIERS or [pytest.param(None, marks=pytest.mark.skip(reason="no SIMD tier runs here"))])
+def fast_isa(request) -> str:
+    """Each SIMD tier this CPU, OS and build support (avx2, avx2vnni, avx512), checked against ref."""
+    return request.param
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say which ISA tiers this run covered and which it could not, and why."""
+    untested = ", ".join(f"{t} ({why})" for t, why in UNTESTED.items()) or "none"
+    terminalreporter.write_line(f"ISA tiers tested: {', '.join(TIERS)}; not tested here: {untested}")
 
 
 def _smollm2_path() -> str:

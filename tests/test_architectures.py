@@ -14,10 +14,11 @@ from gguf import GGMLQuantizationType as Q
 
 import tiny_gguf
 from torch_ref import TorchRef, load_for_reference
+from tiers import TIERS
 from zen5 import _native
 from zen5.engine import Engine
 
-ISAS = ["ref", "avx512"] if _native.avx512_supported() else ["ref"]
+ISAS = TIERS  # every tier this machine runs (tests/tiers.py)
 TYPES = {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16, "Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0, "Q4_1": Q.Q4_1}
 TOKENS = [5, 70, 71, 72, 3, 200, 17, 9, 120, 121, 33, 44, 1, 250, 8, 19, 60, 61]
 

@@ -1,6 +1,7 @@
-"""Every kernel of the AVX-512 table against the scalar reference on random inputs.
+"""Every kernel of each SIMD table this machine runs (avx2, avx2vnni, avx512: the `fast_isa`
+fixture) against the scalar reference on random inputs.
 
-Sizes are deliberately not multiples of the vector width (16 floats) where the type allows, so
+Sizes are deliberately not multiples of the vector width (8 or 16 floats) where the type allows, so
 masked tails are exercised. Each comparison prints the worst element. Quantized weights are
 random bytes with sane block scales, written in GGUF's block layouts.
 """
@@ -8,11 +9,11 @@ import numpy as np
 import pytest
 
 from zen5 import _native
+from tiers import FAST_TIERS
 
 TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30}
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 
-pytestmark = pytest.mark.skipif(not _native.avx512_supported(), reason="no AVX-512 on this machine")
 
 
 def random_weights(kind: str, rows: int, cols: int, rng) -> np.ndarray:
@@ -35,20 +36,20 @@ def report(name, a, b):
     err = np.abs(a.astype(np.float64) - b.astype(np.float64))
     i = int(np.argmax(err))
     rel = err.flat[i] / max(1e-30, abs(float(a.flat[i])))
-    print(f"{name}: worst |ref-avx512| = {err.flat[i]:.3g} at {i} (ref {a.flat[i]:.6g}, rel {rel:.2g})")
+    print(f"{name}: worst |ref-fast| = {err.flat[i]:.3g} at {i} (ref {a.flat[i]:.6g}, rel {rel:.2g})")
     return err
 
 
 @pytest.mark.parametrize("kind", list(TYPES))
 @pytest.mark.parametrize("n_tok", [1, 3, 8, 13])
-def test_matmul_matches_reference(kind, n_tok):
+def test_matmul_matches_reference(fast_isa, kind, n_tok):
     rng = np.random.default_rng([n_tok, *kind.encode()])  # the same draw every run (hash() of a str is salted)
     rows = 37
     cols = 96 if kind in BLOCK_BYTES else 83  # float types: a ragged tail of 3
     w = random_weights(kind, rows, cols, rng)
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)
     ref = _native.kernel_matmul("ref", TYPES[kind], w, rows, cols, x)
-    fast = _native.kernel_matmul("avx512", TYPES[kind], w, rows, cols, x)
+    fast = _native.kernel_matmul(fast_isa, TYPES[kind], w, rows, cols, x)
     # the independent check: dequantize with the reference and multiply in float64
     dq = np.stack([_native.kernel_dequant_row("ref", TYPES[kind], w.reshape(rows, -1)[r], cols)
                    for r in range(rows)])
@@ -59,7 +60,7 @@ def test_matmul_matches_reference(kind, n_tok):
 
 
 @pytest.mark.parametrize("kind", ["Q4_1", "F32", "F16", "BF16"])
-def test_matmul_batch_equals_one_by_one(kind):
+def test_matmul_batch_equals_one_by_one(fast_isa, kind):
     """A token's result must not depend on how many tokens share the call (prefill = decode).
     Float types: 150 rows end inside a 64-row band (and inside a 16-row group) of the AVX-512
     panel layout, 83 columns leave BF16's last column pair half empty, and 11 tokens run as
@@ -68,7 +69,7 @@ def test_matmul_batch_equals_one_by_one(kind):
     rows, cols = (64, 128) if kind == "Q4_1" else (150, 83)
     w = random_weights(kind, rows, cols, rng)
     x = rng.standard_normal((11, cols)).astype(np.float32)
-    for isa in ("ref", "avx512"):
+    for isa in ("ref", fast_isa):
         batch = _native.kernel_matmul(isa, TYPES[kind], w, rows, cols, x)
         single = np.concatenate([_native.kernel_matmul(isa, TYPES[kind], w, rows, cols, x[i:i + 1])
                                  for i in range(11)])
@@ -77,12 +78,12 @@ def test_matmul_batch_equals_one_by_one(kind):
 
 
 @pytest.mark.parametrize("kind", list(TYPES))
-def test_dequant_row_is_exact(kind):
+def test_dequant_row_is_exact(fast_isa, kind):
     rng = np.random.default_rng(7)
     n = 160 if kind in BLOCK_BYTES else 77
     w = random_weights(kind, 1, n, rng)
     ref = _native.kernel_dequant_row("ref", TYPES[kind], w, n)
-    fast = _native.kernel_dequant_row("avx512", TYPES[kind], w, n)
+    fast = _native.kernel_dequant_row(fast_isa, TYPES[kind], w, n)
     report(f"dequant {kind}", ref, fast)
     assert np.array_equal(ref, fast)  # same roundings on both paths
 
@@ -102,30 +103,30 @@ def test_dequant_matches_gguf_package():
 
 
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 64, 191, 576])
-def test_vector_kernels(n):
+def test_vector_kernels(fast_isa, n):
     rng = np.random.default_rng(n)
     a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
     w = rng.uniform(0.5, 1.5, n).astype(np.float32)
-    d_ref, d_fast = _native.kernel_dot("ref", a, b), _native.kernel_dot("avx512", a, b)
+    d_ref, d_fast = _native.kernel_dot("ref", a, b), _native.kernel_dot(fast_isa, a, b)
     assert abs(d_ref - d_fast) <= 1e-5 * np.sqrt(n) * (1 + abs(d_ref))
     for name, args in [("axpy", (0.37, a, b)), ("add", (a, b)), ("rmsnorm", (a, w, 1e-5)),
                        ("swiglu", (a * 8, b))]:
         fn = getattr(_native, f"kernel_{name}")
-        r, f = fn("ref", *args), fn("avx512", *args)
+        r, f = fn("ref", *args), fn(fast_isa, *args)
         err = report(f"{name} n={n}", r, f)
         assert err.max() <= 2e-6 * (1 + np.abs(r).max()), name
 
 
-def test_swiglu_extremes():
+def test_swiglu_extremes(fast_isa):
     g = np.array([-200, -88, -20, -1e-3, 0, 1e-3, 20, 88, 200] * 2, np.float32)
     u = np.ones_like(g)
-    r, f = _native.kernel_swiglu("ref", g, u), _native.kernel_swiglu("avx512", g, u)
+    r, f = _native.kernel_swiglu("ref", g, u), _native.kernel_swiglu(fast_isa, g, u)
     assert np.all(np.isfinite(f))
     assert np.allclose(r, f, rtol=1e-6, atol=1e-30)
 
 
 
-def test_softmax_exp2_over_its_whole_range():
+def test_softmax_exp2_over_its_whole_range(fast_isa):
     """The partial softmax is base 2 (the decoder folds log2(e) into the score scale). Every
     fraction of [-0.5, 0.5] after the max, values that underflow to denormals or to zero, and a
     -inf score (it must give exactly 0, not NaN), on both ISAs and with a 17-lane tail."""
@@ -133,30 +134,30 @@ def test_softmax_exp2_over_its_whole_range():
     x = np.concatenate([[3.0], 3.0 - frac - 1, [-20.25, -120.3, -146.6, -149.7, -150.5, -400, -np.inf]]).astype(np.float32)
     exact = 2.0 ** (x.astype(np.float64) - 3.0)
     exact /= exact.sum()
-    for isa in ("ref", "avx512"):
+    for isa in ("ref", fast_isa):
         p = _native.kernel_softmax(isa, x)
         assert np.all(np.isfinite(p)) and p[-1] == 0.0 and p[-2] == 0.0, isa
         assert np.allclose(p, exact, rtol=1e-6, atol=1e-45), (isa, np.abs(p / np.where(exact > 0, exact, 1) - 1).max())
 
 @pytest.mark.parametrize("n,hd,stride", [(1, 64, 192), (7, 64, 64), (33, 32, 96), (130, 80, 80), (5, 128, 384)])
-def test_attention_kernels(n, hd, stride):
+def test_attention_kernels(fast_isa, n, hd, stride):
     rng = np.random.default_rng(n * hd)
     q = rng.standard_normal(hd).astype(np.float32)
     k = rng.standard_normal((n, stride)).astype(np.float32)
     v = rng.standard_normal((n, stride)).astype(np.float32)
     scale = 1 / np.sqrt(hd)
     exact = (k[:, :hd].astype(np.float64) @ q) * scale
-    for isa in ("ref", "avx512"):
+    for isa in ("ref", fast_isa):
         sc = _native.kernel_attn_scores(isa, q, k, hd, scale)
         assert np.allclose(sc, exact, atol=1e-5, rtol=1e-5), isa
     ref_sc = _native.kernel_attn_scores("ref", q, k, hd, scale)
-    report(f"attn_scores n={n} hd={hd}", ref_sc, _native.kernel_attn_scores("avx512", q, k, hd, scale))
-    p_ref, p_fast = _native.kernel_softmax("ref", ref_sc * 4), _native.kernel_softmax("avx512", ref_sc * 4)
+    report(f"attn_scores n={n} hd={hd}", ref_sc, _native.kernel_attn_scores(fast_isa, q, k, hd, scale))
+    p_ref, p_fast = _native.kernel_softmax("ref", ref_sc * 4), _native.kernel_softmax(fast_isa, ref_sc * 4)
     assert report(f"softmax n={n}", p_ref, p_fast).max() <= 1e-6
     e2 = 2.0 ** (ref_sc.astype(np.float64) * 4 - (ref_sc * 4).max())  # the kernel's softmax is base 2
     assert np.allclose(p_fast, e2 / e2.sum(), rtol=1e-6, atol=1e-7)
     assert abs(p_fast.sum() - 1) < 1e-5
-    o_ref, o_fast = _native.kernel_attn_values("ref", p_ref, v, hd), _native.kernel_attn_values("avx512", p_ref, v, hd)
+    o_ref, o_fast = _native.kernel_attn_values("ref", p_ref, v, hd), _native.kernel_attn_values(fast_isa, p_ref, v, hd)
     assert report(f"attn_values n={n} hd={hd}", o_ref, o_fast).max() <= 1e-5
     assert np.allclose(o_ref, p_ref.astype(np.float64) @ v[:, :hd], atol=1e-5)
 
@@ -188,13 +189,13 @@ def emulate_int8(kind, w, rows, cols, x):
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1"])
 @pytest.mark.parametrize("rows,n_tok", [(16, 1), (37, 3), (64, 4), (50, 9)])
-def test_matmul_int8(kind, rows, n_tok):
+def test_matmul_int8(fast_isa, kind, rows, n_tok):
     rng = np.random.default_rng(rows * 7 + n_tok)
     cols = 128
     w = random_weights(kind, rows, cols, rng)
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)
     ref = _native.kernel_matmul_int8("ref", TYPES[kind], w, rows, cols, x)
-    fast = _native.kernel_matmul_int8("avx512", TYPES[kind], w, rows, cols, x)
+    fast = _native.kernel_matmul_int8(fast_isa, TYPES[kind], w, rows, cols, x)
     exact = emulate_int8(kind, w, rows, cols, x)
     scale = np.abs(exact).max()
     assert report(f"int8 {kind} rows={rows} n={n_tok}", ref, fast).max() <= 1e-5 * scale
@@ -204,29 +205,29 @@ def test_matmul_int8(kind, rows, n_tok):
     assert np.abs(ref - f32).max() <= 2e-2 * np.abs(f32).max()
 
 
-def test_matmul_int8_batch_equals_one_by_one():
+def test_matmul_int8_batch_equals_one_by_one(fast_isa):
     rng = np.random.default_rng(5)
     w = random_weights("Q4_1", 48, 96, rng)
     x = rng.standard_normal((7, 96)).astype(np.float32)
-    for isa in ("ref", "avx512"):
+    for isa in ("ref", fast_isa):
         batch = _native.kernel_matmul_int8(isa, TYPES["Q4_1"], w, 48, 96, x)
         single = np.concatenate([_native.kernel_matmul_int8(isa, TYPES["Q4_1"], w, 48, 96, x[i:i + 1]) for i in range(7)])
         assert np.array_equal(batch, single), isa
 
 
-def test_f16_conversion_matches_numpy_bit_for_bit():
+def test_f16_conversion_matches_numpy_bit_for_bit(fast_isa):
     rng = np.random.default_rng(11)
     x = np.concatenate([rng.standard_normal(1000) * 10 ** rng.uniform(-9, 5, 1000),
                         [0.0, -0.0, 65504.0, 65520.0, 1e6, -1e6, 6e-8, 3e-8, 2.9e-8, np.inf, -np.inf],
                         np.float16(np.arange(-2048, 2048)).astype(np.float32) + np.float32(2 ** -12)]).astype(np.float32)
     expect = x.astype(np.float16).view(np.uint16)
-    for isa in ("ref", "avx512"):
+    for isa in ("ref", fast_isa):
         assert np.array_equal(_native.kernel_to_f16(isa, x), expect), isa
 
 
 @pytest.mark.parametrize("nq", [2, 3, 4, 5, 9])
 @pytest.mark.parametrize("n,hd,stride", [(1, 64, 192), (8, 64, 192), (23, 64, 64), (70, 32, 96), (17, 80, 80)])
-def test_attention_kernels_for_a_query_group(nq, n, hd, stride):
+def test_attention_kernels_for_a_query_group(fast_isa, nq, n, hd, stride):
     """A GQA group's queries scored and summed in one call (each cache row loaded once) match
     the exact result and the reference, for fp32 and fp16 caches, ragged row counts included."""
     rng = np.random.default_rng(nq * 1000 + n)
@@ -237,14 +238,14 @@ def test_attention_kernels_for_a_query_group(nq, n, hd, stride):
     scale = 1 / np.sqrt(hd)
     exact = q.astype(np.float64) @ k[:, :hd].astype(np.float64).T * scale
     exact_o = p.astype(np.float64) @ v[:, :hd].astype(np.float64)
-    for isa in ("ref", "avx512"):
+    for isa in ("ref", fast_isa):
         assert np.allclose(_native.kernel_attn_scores_h(isa, q, k.view(np.uint16), hd, scale), exact, atol=1e-5), isa
         assert np.allclose(_native.kernel_attn_scores(isa, q, k.astype(np.float32), hd, scale), exact, atol=1e-5), isa
         assert np.allclose(_native.kernel_attn_values_h(isa, p, v.view(np.uint16), hd), exact_o, atol=1e-4), isa
         assert np.allclose(_native.kernel_attn_values(isa, p, v.astype(np.float32), hd), exact_o, atol=1e-4), isa
     # one query at a time gives the same bits as the group: a query's arithmetic does not depend
     # on which queries share the call (what makes a prefill batch equal the tokens one by one)
-    for isa in ("ref", "avx512"):
+    for isa in ("ref", fast_isa):
         one = np.stack([_native.kernel_attn_scores_h(isa, q[j], k.view(np.uint16), hd, scale) for j in range(nq)])
         assert np.array_equal(one, _native.kernel_attn_scores_h(isa, q, k.view(np.uint16), hd, scale)), isa
         one = np.stack([_native.kernel_attn_values_h(isa, p[j], v.view(np.uint16), hd) for j in range(nq)])
@@ -253,7 +254,7 @@ def test_attention_kernels_for_a_query_group(nq, n, hd, stride):
 
 @pytest.mark.parametrize("n", [203, 512])
 @pytest.mark.parametrize("nq", [1, 3, 24, 30, 51])
-def test_attention_kernels_wide_query_groups(nq, n):
+def test_attention_kernels_wide_query_groups(fast_isa, nq, n):
     """Prefill scores a kv head's queries of several tokens together (groups of up to 24 per key
     tile, positions in the lanes, the queries read in place; values in groups of 12 per half row
     block, or 6 per whole row): exact against float64, and each query's bits equal its own
@@ -266,17 +267,17 @@ def test_attention_kernels_wide_query_groups(nq, n):
     v = rng.standard_normal((n, 192)).astype(np.float16)
     p = rng.random((nq, n)).astype(np.float32)
     scale = 1 / np.sqrt(hd)
-    sc = _native.kernel_attn_scores_h("avx512", q, k.view(np.uint16), hd, scale).reshape(nq, n)
+    sc = _native.kernel_attn_scores_h(fast_isa, q, k.view(np.uint16), hd, scale).reshape(nq, n)
     assert np.allclose(sc, q.astype(np.float64) @ k[:, :hd].astype(np.float64).T * scale, atol=1e-5)
-    o = _native.kernel_attn_values_h("avx512", p, v.view(np.uint16), hd).reshape(nq, hd)
+    o = _native.kernel_attn_values_h(fast_isa, p, v.view(np.uint16), hd).reshape(nq, hd)
     assert np.allclose(o, p.astype(np.float64) @ v[:, :hd].astype(np.float64), atol=1e-4)
     for j in range(nq):
-        assert np.array_equal(sc[j], _native.kernel_attn_scores_h("avx512", q[j], k.view(np.uint16), hd, scale))
-        assert np.array_equal(o[j], _native.kernel_attn_values_h("avx512", p[j], v.view(np.uint16), hd))
+        assert np.array_equal(sc[j], _native.kernel_attn_scores_h(fast_isa, q[j], k.view(np.uint16), hd, scale))
+        assert np.array_equal(o[j], _native.kernel_attn_values_h(fast_isa, p[j], v.view(np.uint16), hd))
 
 
 @pytest.mark.parametrize("n,hd,stride", [(1, 64, 192), (9, 64, 64), (70, 32, 96)])
-def test_attention_kernels_f16_cache(n, hd, stride):
+def test_attention_kernels_f16_cache(fast_isa, n, hd, stride):
     rng = np.random.default_rng(n)
     q = rng.standard_normal(hd).astype(np.float32)
     k = rng.standard_normal((n, stride)).astype(np.float16)
@@ -284,7 +285,7 @@ def test_attention_kernels_f16_cache(n, hd, stride):
     scale = 1 / np.sqrt(hd)
     exact = k[:, :hd].astype(np.float64) @ q * scale
     p = np.exp(exact - exact.max()); p = (p / p.sum()).astype(np.float32)
-    for isa in ("ref", "avx512"):
+    for isa in ("ref", fast_isa):
         sc = _native.kernel_attn_scores_h(isa, q, k.view(np.uint16), hd, scale)
         assert np.allclose(sc, exact, atol=1e-5, rtol=1e-5), isa
         out = _native.kernel_attn_values_h(isa, p, v.view(np.uint16), hd)
@@ -336,7 +337,7 @@ def _values_q8_spec(p, v, vs):
 
 @pytest.mark.parametrize("nq", [1, 3, 9, 24, 51])
 @pytest.mark.parametrize("n,hd,stride", [(1, 64, 192), (23, 64, 64), (203, 64, 192), (70, 32, 96), (17, 80, 80)])
-def test_attention_kernels_q8_cache(nq, n, hd, stride):
+def test_attention_kernels_q8_cache(fast_isa, nq, n, hd, stride):
     """The q8_0 cache's integer kernels (queries quantized to int8, weights to u8 per 32
     positions, vpdpbusd) equal their spec computed in numpy bit for bit, in both ISAs; the
     dequantized float64 result within what that quantization costs; and a query's bits do not
@@ -354,7 +355,7 @@ def test_attention_kernels_q8_cache(nq, n, hd, stride):
     spec_o = _values_q8_spec(p, v[:, :hd], vs)
     exact = q.astype(np.float64) @ (k[:, :hd] * ks[:, None].astype(np.float64)).T * scale
     exact_o = p.astype(np.float64) @ (v[:, :hd] * vs[:, None].astype(np.float64))
-    for isa in ("ref", "avx512"):
+    for isa in ("ref", fast_isa):
         sc = _native.kernel_attn_scores_q8(isa, q, k, ks, hd, scale).reshape(nq, n)
         o = _native.kernel_attn_values_q8(isa, p, v, vs, hd).reshape(nq, hd)
         assert np.array_equal(sc, spec_s), isa
@@ -367,3 +368,61 @@ def test_attention_kernels_q8_cache(nq, n, hd, stride):
         for j in range(nq):
             assert np.array_equal(sc[j], _native.kernel_attn_scores_q8(isa, q[j], k, ks, hd, scale)), isa
             assert np.array_equal(o[j], _native.kernel_attn_values_q8(isa, p[j], v, vs, hd)), isa
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1"])
+def test_matmul_int8_at_the_int16_limits(fast_isa, kind):
+    """Without VNNI the AVX2 tier sums byte products in int16 (vpmaddubsw), which saturates
+    instead of overflowing: weights at the extremes of their range (Q8_0 bytes -128 and 127, every
+    nibble 15 or 0) against activations whose blocks all quantize to +-127 must still give the
+    exact integer sums (the numpy emulation) on every tier."""
+    rng = np.random.default_rng(17)
+    rows, cols, n = 48, 256, 7
+    nb = rows * cols // 32
+    blocks = np.zeros((nb, BLOCK_BYTES[kind]), np.uint8)
+    payload = rng.choice(np.array([0x80, 0x7F, 0x81] if kind == "Q8_0" else [0xFF, 0x00, 0xF0, 0x0F], np.uint8),
+                         size=(nb, BLOCK_BYTES[kind] - (4 if kind == "Q4_1" else 2)))
+    blocks[:, 4 if kind == "Q4_1" else 2:] = payload
+    blocks[:, 0:2] = np.full(nb, 0.01, np.float16).view(np.uint8).reshape(nb, 2)
+    if kind == "Q4_1":
+        blocks[:, 2:4] = np.full(nb, -0.05, np.float16).view(np.uint8).reshape(nb, 2)
+    w = blocks.ravel()
+    x = np.where(rng.random((n, cols)) < 0.5, -1.0, 1.0).astype(np.float32) * rng.uniform(0.5, 2, (n, 1)).astype(np.float32)
+    exact = emulate_int8(kind, w, rows, cols, x)
+    fast = _native.kernel_matmul_int8(fast_isa, TYPES[kind], w, rows, cols, x)
+    ref = _native.kernel_matmul_int8("ref", TYPES[kind], w, rows, cols, x)
+    assert np.abs(ref - exact).max() <= 1e-5 * np.abs(exact).max()
+    assert report(f"int8 limits {kind}", ref, fast).max() <= 1e-5 * np.abs(exact).max()
+
+
+@pytest.mark.skipif(len(FAST_TIERS) < 2, reason="needs two SIMD tiers on this machine")
+@pytest.mark.parametrize("kind", list(TYPES))
+def test_simd_tiers_give_the_same_bits(kind):
+    """The AVX2 tiers do the AVX-512 tier's integer sums and float steps in the same order per
+    (row, token), so the int8 and float-panel matmuls, and the attention kernels over fp32 and
+    fp16 caches, agree bit for bit across the SIMD tiers (a model's logits do not depend on the
+    CPU it runs on, beyond the reference)."""
+    rng = np.random.default_rng(list(kind.encode()))
+    rows, cols = (150, 96) if kind in BLOCK_BYTES else (150, 83)
+    w = random_weights(kind, rows, cols, rng)
+    base = FAST_TIERS[-1]
+    for n in (1, 2, 3, 5, 13):
+        x = rng.standard_normal((n, cols)).astype(np.float32)
+        for isa in FAST_TIERS[:-1]:
+            if kind in BLOCK_BYTES:
+                assert np.array_equal(_native.kernel_matmul_int8(isa, TYPES[kind], w, rows, cols, x),
+                                      _native.kernel_matmul_int8(base, TYPES[kind], w, rows, cols, x)), (isa, n)
+            else:
+                assert np.array_equal(_native.kernel_matmul(isa, TYPES[kind], w, rows, cols, x),
+                                      _native.kernel_matmul(base, TYPES[kind], w, rows, cols, x)), (isa, n)
+    hd, n = 64, 203
+    q = rng.standard_normal((7, hd)).astype(np.float32)
+    k = rng.standard_normal((n, 192)).astype(np.float16)
+    v = rng.standard_normal((n, 192)).astype(np.float16)
+    p = rng.random((7, n)).astype(np.float32)
+    for isa in FAST_TIERS[:-1]:
+        for fn, args in ((_native.kernel_attn_scores_h, (q, k.view(np.uint16), hd, 0.125)),
+                         (_native.kernel_attn_scores, (q, k.astype(np.float32), hd, 0.125)),
+                         (_native.kernel_attn_values_h, (p, v.view(np.uint16), hd)),
+                         (_native.kernel_attn_values, (p, v.astype(np.float32), hd))):
+            assert np.array_equal(fn(isa, *args), fn(base, *args)), (isa, fn.__name__)

@@ -10,14 +10,18 @@ import numpy as np
 import pytest
 
 import zen5
+from tiers import FAST_TIERS
 from zen5.engine import Engine
 
 pytestmark = pytest.mark.model
+# the SIMD tiers this machine runs (the reference is checked on the short test only: it is slow)
+KV_TIERS = FAST_TIERS or ["ref"]
 TEXT = "<|im_start|>user\nList three prime numbers and explain why they are prime.<|im_end|>\n"
 
 
-def test_batch_vs_token_by_token_vs_rewind(smollm2):
-    eng = smollm2
+@pytest.mark.parametrize("isa", ["ref", *FAST_TIERS])
+def test_batch_vs_token_by_token_vs_rewind(smollm2, isa):
+    eng = Engine(smollm2.weights, ctx=256, isa=isa)
     toks = eng.tokenizer.encode(TEXT)
     eng.reset()
     batch = eng.ctx.eval(toks, all_logits=True)
@@ -33,10 +37,11 @@ def test_batch_vs_token_by_token_vs_rewind(smollm2):
     eng.reset()
 
 
-def test_long_batch_equals_tokens_one_by_one_across_splits(smollm2):
+@pytest.mark.parametrize("isa", KV_TIERS)
+def test_long_batch_equals_tokens_one_by_one_across_splits(smollm2, isa):
     """Past 512 positions attention runs in cache splits, prefill in 256-token chunks and
     several tokens' queries per kernel call; none of it may change a token's bits."""
-    eng = smollm2
+    eng = Engine(smollm2.weights, ctx=1024, isa=isa)
     toks = (eng.tokenizer.encode(TEXT) * 40)[:620]
     eng.reset()
     whole = eng.ctx.eval(toks, all_logits=True)  # chunks 0-255, 256-511, 512-619
@@ -49,11 +54,12 @@ def test_long_batch_equals_tokens_one_by_one_across_splits(smollm2):
     eng.reset()
 
 
+@pytest.mark.parametrize("isa", KV_TIERS)
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
-def test_small_batches_equal_tokens_one_by_one_across_splits(smollm2_path, kv_type):
+def test_small_batches_equal_tokens_one_by_one_across_splits(smollm2, kv_type, isa):
     """Batches of 2-8 tokens (a speculative decoder's verifications) take decode's task layout,
     a task per (split, kv head); across a split boundary they still give each token's bits."""
-    eng = Engine.load(smollm2_path, ctx=1024, kv_type=kv_type)
+    eng = Engine(smollm2.weights, ctx=1024, kv_type=kv_type, isa=isa)
     toks = (eng.tokenizer.encode(TEXT) * 40)[:560]
     whole = eng.ctx.eval(toks, all_logits=True)
     pos = 500
@@ -199,10 +205,11 @@ def test_q8_cache_stores_each_head_as_int8_and_a_scale(smollm2_path):
     assert f16.kv_type == "f16" and f16.ctx.kv_bytes_per_token == c.n_layer * 2 * c.n_head_kv * c.head_dim * 2
 
 
-def test_q8_cache_batch_equals_tokens_one_by_one_and_snapshots_are_exact(smollm2_path):
+@pytest.mark.parametrize("isa", KV_TIERS)
+def test_q8_cache_batch_equals_tokens_one_by_one_and_snapshots_are_exact(smollm2, isa):
     """The q8_0 kernels keep the engine's guarantees: a batch across chunk, split and key-tile
     boundaries equals the tokens one by one, bit for bit, and a snapshot restores exactly."""
-    eng = Engine.load(smollm2_path, ctx=1024, kv_type="q8_0")
+    eng = Engine(smollm2.weights, ctx=1024, kv_type="q8_0", isa=isa)
     toks = (eng.tokenizer.encode(TEXT) * 40)[:620]
     whole = eng.ctx.eval(toks, all_logits=True)
     eng.ctx.rewind(497)
@@ -210,11 +217,11 @@ def test_q8_cache_batch_equals_tokens_one_by_one_and_snapshots_are_exact(smollm2
     assert np.array_equal(single, whole[497:])
     snap = eng.ctx.snapshot()
     nxt = eng.ctx.eval([42], all_logits=True)
-    other = Engine(eng.weights, ctx=1024, kv_type="q8_0")
+    other = Engine(eng.weights, ctx=1024, kv_type="q8_0", isa=isa)
     other.ctx.restore(snap)
     assert np.array_equal(other.ctx.logits(), whole[-1])
     assert np.array_equal(other.ctx.eval([42], all_logits=True), nxt)
-    f16 = Engine(eng.weights, ctx=1024)
+    f16 = Engine(eng.weights, ctx=1024, isa=isa)
     f16.ctx.eval(toks)
     assert len(snap) < 0.54 * len(f16.ctx.snapshot())   # 68 bytes per 64 values instead of 128
     with pytest.raises(zen5.ModelMismatch, match="q8_0 KV cache; this context's is f16"):

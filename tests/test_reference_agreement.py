@@ -30,12 +30,13 @@ import pytest
 import torch
 
 from torch_ref import TorchRef, load_for_reference
+from tiers import TIERS
 from zen5 import _native
 from zen5.engine import Engine
 
 pytestmark = pytest.mark.model
 TOL = 2e-3
-ISAS = ["ref", "avx512"] if _native.avx512_supported() else ["ref"]
+ISAS = TIERS  # every tier this machine runs (tests/tiers.py)
 
 PROMPTS = [
     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",

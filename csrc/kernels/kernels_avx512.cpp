@@ -9,12 +9,11 @@
 // order of the float sums.
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "kernels.h"
+#include "tier_scratch.h"
 
 namespace zen5 {
 namespace {
@@ -404,9 +403,9 @@ void attn_scores_t(const float* q, int nq, const T* k, int64_t tstride, int n, i
     // copies each group channel-major. (The copy was 4% of prefill at 8k positions: it ran for
     // every split.)
     const bool direct = hd == 64;
-    thread_local std::vector<float> qt;  // each group's queries channel-major: (hd, g)
+    thread_local Scratch scratch;
+    float* qt = direct ? nullptr : scratch.get<float>(size_t(nq) * hd);  // each group's queries channel-major: (hd, g)
     if (!direct) {
-        qt.resize(size_t(nq) * hd);
         for (int j = 0, g; j < nq; j += g) {
             g = group_of(j);
             for (int i = 0; i < g; ++i)
@@ -415,10 +414,10 @@ void attn_scores_t(const float* q, int nq, const T* k, int64_t tstride, int n, i
     }
     const int tiles = (n + kKeyTile - 1) / kKeyTile;
     for (int t0 = 0; t0 < tiles; t0 += kPass) {
-        const int cnt = std::min(kPass, tiles - t0);
+        const int cnt = imin(kPass, tiles - t0);
         for (int j = 0; j < nq;) {
             const int g = group_of(j);
-            const float* qj = (direct ? q : qt.data()) + size_t(j) * hd;
+            const float* qj = (direct ? q : qt) + size_t(j) * hd;
             float* oj = out + j * ldo;
             if (direct) score_group<T, true>(g, qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
             else score_group<T, false>(g, qj, hd, k, tstride, scale, oj, ldo, t0, cnt, n);
@@ -545,7 +544,7 @@ void attn_values_t(const float* p, int64_t ldp, int nq, const T* v, int64_t stri
     constexpr int kBlock = 32;
     const bool halves = sizeof(T) == 2 && hd == 64;
     for (int i0 = 0; i0 < n; i0 += kBlock) {
-        const int cnt = std::min(kBlock, n - i0);
+        const int cnt = imin(kBlock, n - i0);
         const T* vb = v + i0 * stride;
         for (int j = 0; j < nq;) {
             const int g = halves && nq - j >= 12 ? 12 : nq - j >= 6 ? 6 : nq - j >= 4 ? 4 : nq - j;
@@ -652,23 +651,22 @@ void attn_scores_q8_avx512(const float* q, int nq, const uint8_t* k, const float
         return left >= 24 ? 24 : left >= 12 ? 12 : left >= 6 ? 6 : left >= 3 ? 3 : left;
     };
     const int quads = hd / 4;
-    thread_local std::vector<int32_t> qq, corr;
-    thread_local std::vector<float> qc;
-    qq.resize(size_t(nq) * quads);
-    corr.resize(nq);
-    qc.resize(nq);
+    thread_local Scratch scratch;
+    int32_t* qq = scratch.get<int32_t>(size_t(nq) * (quads + 2));  // then corr (nq), then qc (nq)
+    int32_t* corr = qq + size_t(nq) * quads;
+    float* qc = reinterpret_cast<float*>(corr + nq);
     for (int j = 0; j < nq; ++j) {
         int32_t sum;
-        qc[j] = quantize_s8_avx512(q + j * hd, hd, reinterpret_cast<int8_t*>(qq.data() + size_t(j) * quads), &sum) * scale;
+        qc[j] = quantize_s8_avx512(q + j * hd, hd, reinterpret_cast<int8_t*>(qq + size_t(j) * quads), &sum) * scale;
         corr[j] = 128 * sum;
     }
     const int tiles = (n + kKeyTile - 1) / kKeyTile;
     for (int t0 = 0; t0 < tiles; t0 += kPass) {
-        const int cnt = std::min(kPass, tiles - t0);
+        const int cnt = imin(kPass, tiles - t0);
         for (int j = 0; j < nq;) {
             const int g = group_of(j);
-            const int32_t *qj = qq.data() + size_t(j) * quads, *cj = corr.data() + j;
-            const float* sj = qc.data() + j;
+            const int32_t *qj = qq + size_t(j) * quads, *cj = corr + j;
+            const float* sj = qc + j;
             float* oj = out + j * ldo;
             if (g == 24) score_run_q8<24, 1>(qj, cj, sj, hd, k, tstride, oj, ldo, t0, cnt, n, ks);
             else if (g == 12) score_run_q8<12, 1>(qj, cj, sj, hd, k, tstride, oj, ldo, t0, cnt, n, ks);
@@ -755,11 +753,11 @@ void attn_values_q8_avx512(const float* p, int64_t ldp, int nq, const int8_t* v,
     // Blocks of 32 positions (8 quads: 32 x hd bytes stay in L1 while every group uses them),
     // queries in groups of up to 4 (16 accumulators, 4 broadcasts and a value vector in registers).
     for (int b = 0; b < n; b += 32) {
-        const int cnt = std::min(32, n - b);
+        const int cnt = imin(32, n - b);
         const bool full = cnt == 32 && hd == 64;
         const int8_t* vb = v + (b / 4) * qstride;
         for (int j = 0; j < nq;) {
-            const int g = std::min(4, nq - j);
+            const int g = imin(4, nq - j);
             const float* pj = p + j * ldp + b;
             float* oj = out + j * ldo;
             if (g == 4 && full) values_block_q8<4, true>(pj, ldp, vb, vs + b, qstride, cnt, hd, oj, ldo);

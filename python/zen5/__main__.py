@@ -59,6 +59,8 @@ def _cmd_info(a: argparse.Namespace) -> int:
     from zen5.engine import Engine, default_threads
 
     out = {"version": zen5.__version__, "isa": _native.isa,
+           "tiers": [{"name": name, "supported": not missing, **({"missing": missing} if missing else {})}
+                     for name, missing in _native.isa_tiers()],
            "avx512_supported": _native.avx512_supported(),
            "threads": a.threads or default_threads()}
     if a.model:

@@ -96,7 +96,7 @@ class Engine:
             raise ValueError(f"ctx must be >= 1, got {ctx}")
         tensors = [(t.name, t.ggml_type, list(t.shape), t.data) for t in weights.tensors.values()]
         self.native = _native.Model(cfg.to_native(), tensors, cfg.rope_inv_freq(), self.threads)
-        # isa: "ref" or "avx512" forces a kernel table for this context (tests run both);
+        # isa: a tier name ("ref", "avx2", "avx2vnni", "avx512") forces a kernel table for this context (tests run each);
         # None uses the one chosen at import (CPUID, or ZEN5_FORCE_ISA).
         # matmul: "int8" (default; quantized weights times int8-quantized activations, as
         # llama.cpp does) or "f32" (dequantize to fp32: the exact path the PyTorch oracle pins).
