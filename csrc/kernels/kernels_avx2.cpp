@@ -106,6 +106,11 @@ void octet_tile(const PackedWeights& w, int64_t k0, const QuantAct& x, int t0, f
 #endif
                 }
             }
+            // Integer adds reassociate freely: left alone, GCC computed all 48 products of a
+            // block first and spilled them to build an add tree. Pinning the sums at every step
+            // keeps one accumulator per (octet, token) in a register.
+            for (int h = 0; h < O; ++h)
+                for (int t = 0; t < NT; ++t) __asm__("" : "+x"(acc[h][t]));
         }
         for (int h = 0; h < O; ++h) {
             const __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)sc[h]));
@@ -233,8 +238,9 @@ void quantize_act(const float* x, int n, int64_t cols, int64_t ld, int8_t* q, fl
 // ---- float matmuls over FloatPanels (kernels.h) ----------------------------------------------
 //
 // A panel group (16 rows) is two ymm of lanes. A tile is R groups x NT tokens (R x 2 x NT
-// accumulators): decode takes a whole band (R = 4, NT = 1), prefill half a band x 3 tokens, since
-// a whole band x 6 tokens (the AVX-512 tile) needs 48 registers here. One FMA chain per (row,
+// accumulators): decode takes a whole band (R = 4, NT = 1), prefill a group x 4 tokens (8
+// accumulators, as many FMAs as two ports of 4-cycle latency keep in flight), since a whole band x
+// 6 tokens (the AVX-512 tile) needs 48 registers here (a 2 x 3 tile spilled). One FMA chain per (row,
 // token) over the columns in order, as the AVX-512 tier: the same bits whatever the tile.
 constexpr size_t kPrefetchRow = 4096;
 
@@ -319,11 +325,15 @@ void panel_matmul(const WeightView& w, int64_t r0, int64_t r1, const float* x, i
             panel_tile<TYPE, 4, 1>(pw, b, 0, x, ldx, y, ldy, r1);
             continue;
         }
-        for (int g0 = 0; g0 < 4; g0 += 2) {  // half a band; its weights stay in L1 for every tile
+        for (int g0 = 0; g0 < 4; ++g0) {  // a group at a time; its weights stay in L1 for every tile
             if (b * kPanelRows + g0 * 16 >= r1) break;
             int t0 = 0;
-            for (; t0 + 3 <= n; t0 += 3) panel_tile<TYPE, 2, 3>(pw, b, g0, x + t0 * ldx, ldx, y + t0 * ldy, ldy, r1);
-            for (; t0 < n; ++t0) panel_tile<TYPE, 2, 1>(pw, b, g0, x + t0 * ldx, ldx, y + t0 * ldy, ldy, r1);
+            for (; t0 + 4 <= n; t0 += 4) panel_tile<TYPE, 1, 4>(pw, b, g0, x + t0 * ldx, ldx, y + t0 * ldy, ldy, r1);
+            if (n - t0 >= 2) {
+                panel_tile<TYPE, 1, 2>(pw, b, g0, x + t0 * ldx, ldx, y + t0 * ldy, ldy, r1);
+                t0 += 2;
+            }
+            if (t0 < n) panel_tile<TYPE, 1, 1>(pw, b, g0, x + t0 * ldx, ldx, y + t0 * ldy, ldy, r1);
         }
     }
 }
