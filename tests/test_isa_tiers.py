@@ -1,12 +1,15 @@
 """The ISA tiers as a list: what each needs, what `zen5 info` says, what ZEN5_FORCE_ISA refuses,
 and that no SIMD tier's object code can leak into the rest of the module."""
 import json
+import platform
+import shutil
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tiers import ALL, TIERS
@@ -77,3 +80,46 @@ def test_tier_objects_define_no_weak_symbols():
             assert "%zmm" not in asm and "%k1" not in asm, obj
         if tier == "avx2":
             assert "vpdpbusd" not in asm, obj
+
+
+QEMU = shutil.which("qemu-x86_64")
+# Run in a child: the tiny models through the engine on the tier chosen at import, logits saved.
+_FORWARD = """
+import sys, numpy as np
+from zen5 import _native
+from zen5.engine import Engine
+out = {"isa": np.array(_native.isa)}
+for i, path in enumerate(sys.argv[2:]):
+    for matmul, kv in (("int8", "f16"), ("int8", "q8_0"), ("f32", "f32")):
+        eng = Engine.load(path, ctx=64, threads=2, matmul=matmul, kv_type=kv)
+        out[f"{i}-{matmul}-{kv}"] = eng.ctx.eval(list(range(3, 40)), all_logits=True)
+np.savez(sys.argv[1], **out)
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or not QEMU,
+                    reason="needs qemu-x86_64 (Debian qemu-user; .ci/run installs it)")
+@pytest.mark.parametrize("cpu,tier", [("max", "avx2"), ("max,-avx,-avx2,-fma,-f16c", "ref")])
+def test_dispatch_on_a_cpu_without_avx512(tmp_path, cpu, tier):
+    """QEMU's user-mode CPUs have no AVX-512 (x86-tiers.md), so under
+    them the best tier is chosen from what is really there, and any AVX-512 instruction reachable
+    from the AVX2 tier's code (a leaked weak symbol, a wrong table entry) would kill the process
+    with SIGILL. Tiny Q4_1, Q8_0 and BF16 models, int8 and f32 matmuls, f16 and q8_0 caches:
+    the emulated run must give the same logits, bit for bit, as this machine forcing that tier."""
+    import tiny_gguf
+    from gguf import GGMLQuantizationType as Q
+
+    paths = [str(tiny_gguf.write_gguf(tmp_path / f"m-{q.name}.gguf", matrix_type=q))
+             for q in (Q.Q4_1, Q.Q8_0, Q.BF16)]
+    env = {k: v for k, v in os.environ.items() if k != "ZEN5_FORCE_ISA"}
+    emulated, native = tmp_path / "emulated.npz", tmp_path / "native.npz"
+    r = subprocess.run([QEMU, "-cpu", cpu, sys.executable, "-c", _FORWARD, str(emulated), *paths],
+                       capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, f"under qemu -cpu {cpu}: rc {r.returncode}\n{r.stderr[-3000:]}"
+    r = subprocess.run([sys.executable, "-c", _FORWARD, str(native), *paths], capture_output=True, text=True,
+                       timeout=300, env={**env, "ZEN5_FORCE_ISA": tier})
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = np.load(emulated), np.load(native)
+    assert str(a["isa"]) == tier and str(b["isa"]) == tier
+    for key in a.files:
+        assert np.array_equal(a[key], b[key]), key
