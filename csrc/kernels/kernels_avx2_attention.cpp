@@ -17,11 +17,11 @@
 #include <cmath>
 #include <cstring>
 
+#include "tier_scratch.h"
+
 namespace zen5 {
 namespace ZEN5_TIER {
 namespace {
-
-static inline int imin(int a, int b) { return a < b ? a : b; }
 
 // Hides a pointer's value from GCC's value numbering: loads through the returned copy are not
 // merged with the same loads earlier in the loop. Used where GCC would otherwise keep G query
