@@ -105,7 +105,8 @@ def default_peers(tier: str, best: str, flags) -> tuple[str, ...]:
     instruction set (avx2vnni: the AVX2 build, llama.cpp has no separate AVX-VNNI-only build here),
     plus PyTorch when `tier` is the CPU's best (torch cannot be limited to a lower tier)."""
     want = "avx2" if tier == "avx2vnni" else tier
-    names = [p.name for p in llama_peers(flags).values() if p.tier == want]
+    built = llama_peers(flags)
+    names = [n for n in LLAMA_PEERS if n in built and built[n].tier == want]  # the old order
     return tuple(names) + (tuple(TORCH_DTYPES) if tier == best else ())
 
 
