@@ -25,6 +25,7 @@ PEERS = (("llama.cpp-native", "llama.cpp native"), ("llama.cpp-avx512", "llama.c
          ("torch-fp32", "PyTorch fp32"), ("torch-bf16", "PyTorch bf16"))
 QUANT_ORDER = {"Q4_1": 0, "Q8_0": 1, "BF16": 2}
 TIERS = ("ref", "avx2", "avx2vnni", "avx512")  # zen5's ISA tiers (bench/peers.py)
+NOISY = 2.0  # a forced-tier row whose max / min tok/s exceeds this is called out as noisy
 ISA_NAMES = {"avx512": "AVX-512", "avx2": "AVX2", "avx2vnni": "AVX2 + AVX-VNNI", "ref": "reference (scalar)"}
 
 
@@ -160,6 +161,15 @@ def render_tier(results: Path, path: Path, rows: list[dict]) -> str:
            f"(`bench/roofline.c` built for {tier} only): decode GB/s over the in-cache read bandwidth, prefill "
            f"GOP/s over the {_int8_name(roofs[0] if roofs else None)} peak (BF16: over the fp32 FMA peak).",
            ""] + _table(rows, peers)
+    noisy = [r for r in rows if float(r["tps_min"]) > 0 and float(r["tps_max"]) / float(r["tps_min"]) > NOISY]
+    if noisy:
+        label = dict(peers, zen5="zen5")
+        out += ["", f"Noisy rows: in {len(noisy)} of {len(rows)} results the fastest repetition was more than "
+                    f"{NOISY:g}x the slowest (" + "; ".join(
+                        f"{label.get(r['engine'], r['engine'])} {r['quant']} {r['threads']}t {r['test']}: "
+                        f"{_fmt(float(r['tps_min']))}-{_fmt(float(r['tps_max']))}" for r in noisy)
+                + f"). The machine was shared (1-minute load average {r0['load1_start']} at the start), so "
+                  f"those medians measure the contention for the cores as much as the kernels."]
     if roofs:
         out += ["", f"{ISA_NAMES.get(tier, tier)} roofs measured in the same run: "
                 + "; ".join(_roof_text(r) for r in roofs) + "."]

@@ -372,7 +372,20 @@ def test_report_renders_a_forced_tier_table_beside_the_best_tier(tmp_path):
     assert ("AVX2 roofs measured in the same run: 1 thread(s): read 28.4 GB/s in LLC, 18.2 GB/s from DRAM, int8 "
             "vpmaddubsw+vpaddw (int16 sums, the Q4 inner loop; the roof above) 374 GOP/s, vpmaddubsw+vpmaddwd+vpaddd "
             "(to int32) 229 GOP/s, fp32 FMA (ymm) 118 GFLOP/s.") in tier
+    assert "Noisy rows" not in tier
     # a forced-tier file alone still renders (a machine whose only recorded run is a forced tier)
     for f in tmp_path.glob("Test_CPU-*"):
         f.unlink()
     assert report.render(tmp_path) == tier.lstrip("\n")
+
+
+def test_report_calls_out_noisy_rows_of_a_tier_run(tmp_path):
+    _fake_tier_results(tmp_path, "2026-01-03T00:00:00")
+    path = tmp_path / "AMD_EPYC_Zen4-avx2-bench.csv"
+    header, rows = _rows(path)
+    rows[3].update(tps_min="4.0", tps_max="110.0")  # llama.cpp tg128: one repetition starved
+    path.unlink()
+    harness.append_csv(path, header, rows)
+    text = report.render(tmp_path)
+    assert ("Noisy rows: in 1 of 4 results the fastest repetition was more than 2x the slowest "
+            "(llama.cpp AVX2 Q4_1 1t tg128: 4.0-110). The machine was shared (1-minute load average 1.7") in text
