@@ -5,12 +5,18 @@ and writes bench/results, all of which need the repository); `python -m zen5 ben
 file from the checkout. Run it from a clone after `bash scripts/setup.sh` and, for the peers,
 `bash bench/build_peers.sh` (llama.cpp from the llama-cpp-python sdist, built outside the repo).
 
+ISA tier: zen5 runs the tier given with --isa (ref, avx2, avx2vnni, avx512; default the best
+this CPU supports), and the peers are the llama.cpp builds of the same instruction set
+(peers.default_peers: --isa avx2 on an AVX-512 CPU is measured against `llama.cpp-avx2`), plus
+PyTorch only for the best tier (it picks its own kernels; it cannot be held to AVX2).
+
 Workload (fixed; see workload.py for the test definitions and the text):
-  roofline  read / triad bandwidth in and beyond the LLC, int8 VNNI and fp32 FMA peaks, at each
-            thread count, once per run (roofline.py).
+  roofline  read / triad bandwidth in and beyond the LLC, the tier's int8 peak (vpdpbusd, or
+            vpmaddubsw on AVX2) and fp32 FMA peak, at each thread count, once per run (roofline.py).
   kernel    SmolLM2-135M-Instruct in Q4_1 (shipped), Q8_0 and BF16 (scripts/convert_gguf.py):
             pp128, pp512, pp2048 and tg128, at 1 and 2 threads.
-  peers     the same tests through llama-bench (AVX-512 build without AMX; native AMX build) on
+  peers     the same tests through llama-bench (the builds of bench/build_peers.sh that match the
+            tier: on the AMX Xeon the AVX-512 build without AMX and the native AMX build) on
             the same GGUF files, and PyTorch eager fp32 / bf16 on the Q4_1 file's weights
             dequantized (dense speed does not depend on the source quant, so it runs once and
             every quant's ratio uses it).
@@ -22,13 +28,15 @@ zen5 and the peers share each time window (this VM drifts 5-20% between runs min
 Each engine block starts with a warm-up (pp64, tg8) that is never recorded. Default 5
 repetitions; rows report the median, min and max tokens/s.
 
-Outputs (in --out, default bench/results; a --quick run adds "-quick" to every name):
+Outputs (in --out, default bench/results; a --quick run adds "-quick" to every name; <cpu> is
+results_log.cpu_name(), and a run of a tier below the CPU's best is <cpu>-<tier>, e.g.
+AMD_EPYC_Zen4-avx2-bench.csv, so it is kept beside the best tier's files):
   <cpu>-bench.csv     appended, one row per (engine, quant, threads, test), with the roofline
                       fractions (frac_peak: decode GB/s over in-LLC read bandwidth, prefill GOP/s
-                      over the VNNI int8 peak, or the fp32 FMA peak for F32/F16/BF16 weights;
+                      over the tier's int8 peak, or the fp32 FMA peak for F32/F16/BF16 weights;
                       frac_alt: over DRAM bandwidth / the other compute peak),
                       commit, steal time and the 1-minute load average at the start;
-  <cpu>-roofline.csv  appended, the roofs measured in this run;
+  <cpu>-roofline.csv  appended, the roofs measured in this run (with the tier they are for);
   <cpu>-frontier.csv / .png  the latest frontier walk (columns as frontier.COLUMNS) with the
                       default f16 cache; <cpu>-frontier-kv-<type>.csv the other cache types' (the
                       plot shows every type); <cpu>-frontier-lookup.csv the f16 decode with
@@ -38,6 +46,7 @@ A full run into bench/results also regenerates the README's Performance section 
 
 One command for the recorded run: python -m zen5 bench --wait-quiet 20
 Smoke run (1 repeat, pp128 + tg128, Q4_1, no peers, a 2-point frontier): python -m zen5 bench --quick
+The AVX2 tier on an AVX-512 CPU: python -m zen5 bench --isa avx2 (needs the llama.cpp-avx2 build)
 """
 from __future__ import annotations
 
@@ -57,7 +66,8 @@ if str(HERE) not in sys.path:
 
 import frontier as frontier_mod  # noqa: E402
 import roofline  # noqa: E402
-from peers import ALL_PEERS, LLAMA_BUILDS, TORCH_DTYPES, LlamaBench, TorchWorker  # noqa: E402
+from peers import (ALL_PEERS, LLAMA_PEERS, TIERS, TORCH_DTYPES, LlamaBench, TorchWorker,  # noqa: E402
+                   cpu_flags, default_peers)
 from results_log import commit, cpu_name  # noqa: E402
 from workload import QUANTS, ROOT, Zen5Runner, fixed_text, model_path, n_tokens, weight_stats  # noqa: E402
 
@@ -76,7 +86,8 @@ class BenchConfig:
     prompts: tuple[int, ...] = (128, 512, 2048)
     gen: int = 128
     repeat: int = 5
-    peers: tuple[str, ...] = ALL_PEERS
+    peers: tuple[str, ...] | None = None  # None: peers.default_peers for the tier and this CPU
+    isa: str = ""                  # zen5's ISA tier; "": the best this CPU supports
     frontier_step: int = 512
     frontier_max: int = 0          # 0: the model's training context (8192 for SmolLM2)
     frontier_gen: int = 32
@@ -91,10 +102,11 @@ class BenchConfig:
 
     def __post_init__(self):
         bad = [m for m in self.modes if m not in MODES] + [q for q in self.quants if q not in QUANTS] \
-            + [p for p in self.peers if p not in ALL_PEERS] \
+            + [p for p in self.peers or () if p not in ALL_PEERS] \
+            + ([self.isa] if self.isa and self.isa not in TIERS else []) \
             + [k for k in self.frontier_kv if k not in ("f16", "f32", "q8_0")]
         if bad or not self.frontier_kv:
-            raise ValueError(f"unknown mode / quant / peer / KV type: {', '.join(bad) or 'no KV type'}")
+            raise ValueError(f"unknown mode / quant / peer / ISA tier / KV type: {', '.join(bad) or 'no KV type'}")
         if self.repeat < 1 or self.gen < 1 or min(self.threads) < 1 or min(self.prompts) < 1:
             raise ValueError("repeat, gen, threads and prompts must be >= 1")
         if self.frontier_step < 1 or self.frontier_gen < 1 or self.frontier_repeat < 1:
@@ -141,11 +153,39 @@ def wait_until_quiet(minutes: float, threshold: float, log) -> float:
     return now
 
 
+def best_tier(tiers: list[tuple[str, str]]) -> str:
+    """The best tier of _native.isa_tiers() (worst to best, "" missing = supported)."""
+    return [name for name, missing in tiers if not missing][-1]
+
+
+def resolve_tier(requested: str, tiers: list[tuple[str, str]]) -> tuple[str, str]:
+    """(tier to run, the CPU's best); an unsupported request fails with what the CPU lacks."""
+    known = dict(tiers)
+    best = best_tier(tiers)
+    tier = requested or best
+    if tier not in known:
+        raise ValueError(f"unknown ISA tier {tier!r}: zen5 has {', '.join(known)}")
+    if known[tier]:
+        raise RuntimeError(f"ISA tier {tier} does not run here: {known[tier]}")
+    return tier, best
+
+
+def result_stem(cpu: str, tier: str, best: str) -> str:
+    """The results' file-name stem: <cpu> for the CPU's best tier, <cpu>-<tier> for a forced lower
+    one (e.g. AMD_EPYC_Zen4-avx2), so both runs keep their files side by side."""
+    return cpu if tier == best else f"{cpu}-{tier}"
+
+
 # ---------------------------------------------------------------- one run
 class Run:
     def __init__(self, cfg: BenchConfig, log=print):
         self.cfg, self.log = cfg, log
+        from zen5 import _native
+
         self.cpu, self.commit = cpu_name(), commit()
+        self.tier, self.best = resolve_tier(cfg.isa, _native.isa_tiers())
+        self.stem = result_stem(self.cpu, self.tier, self.best)
+        self.peers = cfg.peers if cfg.peers is not None else default_peers(self.tier, self.best, cpu_flags())
         self.suffix = "-quick" if cfg.workload == "quick" else ""
         self.out = Path(cfg.out)
         self.samples: dict[tuple, list[float]] = {}      # (engine, quant, threads, test) -> seconds
@@ -162,16 +202,19 @@ class Run:
             self.load1_start = wait_until_quiet(cfg.wait_quiet, cfg.quiet_load, self.log)
         self.run_id = datetime.datetime.now().isoformat(timespec="seconds")
         steal0 = cpu_ticks()
-        zen5 = Zen5Runner(max_tokens=max(max(cfg.prompts), cfg.gen + 1, 64 + 1))
+        zen5 = Zen5Runner(max_tokens=max(max(cfg.prompts), cfg.gen + 1, 64 + 1), isa=self.tier)
+        self.log(f"zen5 ISA tier {self.tier} (best here: {self.best}); peers: {', '.join(self.peers) or 'none'}")
         tok = zen5.engine(cfg.quants[0], cfg.threads[0]).tokenizer
         self.tokens = tok.encode(fixed_text())
         self.eos = sorted(tok.eos_ids)
         need = max(max(cfg.prompts), self._frontiers(zen5)[-1] if "frontier" in cfg.modes else 0)
         if len(self.tokens) < need:
             raise RuntimeError(f"the fixed text has {len(self.tokens)} tokens, the workload needs {need}")
-        if "roofline" in cfg.modes:
+        if "roofline" in cfg.modes and self.tier == "ref":
+            self.log("roofline: the ref tier has no SIMD roofs; skipped")
+        elif "roofline" in cfg.modes:
             for t in cfg.threads:
-                self.roofs[t] = roofline.measure(t)
+                self.roofs[t] = roofline.measure(t, self.tier)
                 self.log(f"roofline {t}t: {self.roofs[t]}")
         if "frontier" in cfg.modes:  # first: short, and it fails early if anything is amiss
             self._frontier(zen5)
@@ -189,8 +232,8 @@ class Run:
         cfg = self.cfg
         runners = [zen5] if "kernel" in cfg.modes else []
         if "peers" in cfg.modes:
-            for name in cfg.peers:
-                if name in LLAMA_BUILDS:
+            for name in self.peers:
+                if name in LLAMA_PEERS:
                     runners.append(LlamaBench(name))
                 else:
                     runners.append(TorchWorker(name, model_path("Q4_1"),
@@ -236,7 +279,7 @@ class Run:
         points = self._frontiers(zen5)
         zen5.engine("Q4_1", cfg.frontier_threads)  # loads the Q4_1 weights if not yet loaded
         engines = {kv: Engine(zen5.weights["Q4_1"], threads=cfg.frontier_threads, ctx=points[-1] + cfg.frontier_gen,
-                              kv_type=kv) for kv in cfg.frontier_kv}
+                              kv_type=kv, isa=self.tier) for kv in cfg.frontier_kv}
         self.frontier_rows = frontier_mod.walk(engines, self.tokens, points, cfg.frontier_gen,
                                                cfg.frontier_repeat, log=self.log,
                                                lookup=cfg.frontier_kv[:1] if cfg.frontier_lookup else ())
@@ -285,6 +328,7 @@ class Run:
             results[f"{quant}/{threads}t/{test}"] = {"zen5_tps": r["tps_median"], "frac_peak": r["frac_peak"],
                                                      "vs": ratios}
         head = {"run_id": self.run_id, "workload": self.cfg.workload, "cpu": self.cpu, "commit": self.commit,
+                "isa": self.tier, "best_isa": self.best, "results_stem": self.stem,
                 "load1_start": self.load1_start, "load1_during": self.load_samples,
                 "steal_pct": round(self.steal_pct, 2), "results": results,
                 "roofline": {str(t): {k: v for k, v in roof.items() if k.endswith(("gbps", "gops", "gflops"))}
@@ -301,7 +345,7 @@ class Run:
 
     def _write_frontier(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        stem = self.out / f"{self.cpu}-frontier{self.suffix}"
+        stem = self.out / f"{self.stem}-frontier{self.suffix}"
         for i, (kv, rows) in enumerate(self.frontier_rows.items()):
             name = "" if i == 0 else "-lookup" if kv.endswith("+lookup") else f"-kv-{kv}"
             frontier_mod.write_csv(rows, Path(f"{stem}{name}.csv"))
@@ -310,7 +354,7 @@ class Run:
 
     def _write(self) -> dict:
         self.out.mkdir(parents=True, exist_ok=True)
-        stem = self.out / f"{self.cpu}"
+        stem = self.out / self.stem
         rows = self.rows()
         if rows:
             append_csv(Path(f"{stem}-bench{self.suffix}.csv"), COLUMNS, rows)
@@ -329,7 +373,16 @@ def append_csv(path: Path, columns, rows: list[dict]) -> None:
         with path.open(newline="") as fh:
             header = next(csv.reader(fh), [])
         if tuple(header) != tuple(columns):
-            raise RuntimeError(f"{path} has other columns than this harness writes; move it aside")
+            if not set(header) <= set(columns):
+                raise RuntimeError(f"{path} has other columns than this harness writes; move it aside")
+            # an older file with fewer columns (e.g. a roofline file from before the ISA tiers):
+            # rewrite it with the new header, its rows empty in the new columns
+            with path.open(newline="") as fh:
+                old = list(csv.DictReader(fh))
+            with path.open("w", newline="") as fh:
+                w = csv.DictWriter(fh, fieldnames=list(columns))
+                w.writeheader()
+                w.writerows(old)
     with path.open("a", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(columns))
         if new:
@@ -357,7 +410,7 @@ def print_table(rows: list[dict], log) -> None:
         roof = f"{100 * r['frac_peak']:5.1f}%" if r["frac_peak"] != "" else "    -"
         log(f"{quant:5} {threads:>3} {test:6} " + " ".join(cells) + f"   {roof}")
     log("tok/s medians; (Nx) = zen5 / peer; roof = decode GB/s over in-LLC bandwidth, "
-        "prefill GOP/s over the VNNI int8 peak (F32/F16/BF16: the fp32 FMA peak)")
+        "prefill GOP/s over the tier's int8 peak (F32/F16/BF16: the fp32 FMA peak)")
 
 
 # ---------------------------------------------------------------- command line
@@ -376,7 +429,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=_csv_list(int), help="prefill lengths (default 128,512,2048)")
     p.add_argument("--gen", type=int, help=f"decoded tokens per tg test (default {d.gen})")
     p.add_argument("--repeat", type=int, help=f"repetitions, median reported (default {d.repeat})")
-    p.add_argument("--peers", type=_csv_list(str), help=f"default {','.join(ALL_PEERS)}")
+    p.add_argument("--peers", type=_csv_list(str),
+                   help=f"any of {','.join(ALL_PEERS)} built here (default: the tier's llama.cpp builds, "
+                        f"and PyTorch for the best tier)")
+    p.add_argument("--isa", help=f"zen5's ISA tier, one of {','.join(TIERS)} (default: the best this CPU supports)")
     p.add_argument("--frontier-step", type=int, help=f"default {d.frontier_step}")
     p.add_argument("--frontier-max", type=int, help="last frontier (default: the model's context)")
     p.add_argument("--frontier-gen", type=int, help=f"greedy tokens at each frontier (default {d.frontier_gen})")
@@ -395,7 +451,8 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
     cfg = BenchConfig.quick() if a.quick else BenchConfig()
     changes = {f.name: getattr(a, f.name) for f in fields(BenchConfig)
                if getattr(a, f.name, None) is not None}
-    if changes and not a.quick and set(changes) - {"out", "wait_quiet", "quiet_load"}:
+    # the tier is not a change of workload: an --isa run is "full" (its own files, see result_stem)
+    if changes and not a.quick and set(changes) - {"out", "wait_quiet", "quiet_load", "isa"}:
         changes["workload"] = "custom"
     return replace(cfg, **changes)
 

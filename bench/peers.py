@@ -1,15 +1,23 @@
 """The peers zen5 is measured against, each behind the same `run(quant, threads, tokens, tests)`
 as workload.Zen5Runner, so the harness can interleave them repetition by repetition.
 
-- LlamaBench: llama.cpp's own `llama-bench` from a peer build made by bench/build_peers.sh
-  ("avx512": AVX-512 + VNNI without AMX, the Zen 5 instruction mix; "amx": the native build with
-  AMX and the local tile-config fix). One process per call with `-r 1 --no-warmup`, and the same
-  warm-up as zen5's put in front as extra tests (pp64, tg8) whose results are dropped: llama-bench's
-  own warm-up would rerun every prompt in full and double the peer's share of the run. llama-bench
-  feeds random token ids; prefill and decode speed do not depend on which ids.
+- LlamaBench: llama.cpp's own `llama-bench` from a peer build made by bench/build_peers.sh. Which
+  builds exist depends on the CPU (`planned_builds`, the same choice as the script's) and each
+  build is a peer named after the instruction set it really runs (`llama_peers`):
+    llama.cpp-amx     the native build on a CPU with AMX (tile, int8, bf16; the local tile-config fix)
+    llama.cpp-avx512  AVX-512 F/BW/VL + VNNI/VBMI/BF16 without AMX, the Zen 5 instruction mix
+                      (built only beside an AMX native build)
+    llama.cpp-native  the native build elsewhere: AVX-512 on Zen 4/5, AVX2 on Zen 3
+    llama.cpp-avx2    AVX/AVX2/FMA/F16C/BMI2 only (built on AVX-512 CPUs, for zen5's forced AVX2 tier)
+  Older result files name `llama.cpp-avx512` and `llama.cpp-amx` (a Xeon with AMX): the same
+  builds, so their rows keep their meaning. One process per call with `-r 1 --no-warmup`, and the
+  same warm-up as zen5's put in front as extra tests (pp64, tg8) whose results are dropped:
+  llama-bench's own warm-up would rerun every prompt in full and double the peer's share of the
+  run. llama-bench feeds random token ids; prefill and decode speed do not depend on which ids.
 - TorchWorker: bench/torch_peer.py in a child process (fp32 or bf16 eager PyTorch with a KV
   cache, weights dequantized from the same GGUF), so torch's OpenMP threads and zen5's pool never
-  share a process.
+  share a process. PyTorch picks its own kernels (the CPU's best); it cannot be held to a tier, so
+  a run with a forced zen5 tier below the best leaves it out unless asked (`default_peers`).
 """
 from __future__ import annotations
 
@@ -17,15 +25,89 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from workload import WARMUP, n_tokens
 
 HERE = Path(__file__).resolve().parent
-LLAMA_BUILDS = {"llama.cpp-avx512": ("build-avx512", "avx512 (no AMX)"),
-                "llama.cpp-amx": ("build-native", "native (AMX)")}
+TIERS = ("ref", "avx2", "avx2vnni", "avx512")  # zen5's ISA tiers, worst to best
 TORCH_DTYPES = {"torch-fp32": "fp32", "torch-bf16": "bf16"}
-ALL_PEERS = tuple(LLAMA_BUILDS) + tuple(TORCH_DTYPES)
+LLAMA_PEERS = ("llama.cpp-native", "llama.cpp-avx512", "llama.cpp-amx", "llama.cpp-avx2")
+ALL_PEERS = LLAMA_PEERS + tuple(TORCH_DTYPES)
+
+
+@dataclass(frozen=True)
+class LlamaPeer:
+    name: str    # engine column of the results
+    build: str   # build directory under peer_dir(): build-<build>
+    label: str   # the results' "build" column
+    isa: str     # what the build really runs
+    tier: str    # the zen5 tier it is measured against
+
+
+def cpu_flags(text: str | None = None) -> frozenset[str]:
+    """The CPU's feature flags: ZEN5_CPU_FLAGS (space-separated) if set, else /proc/cpuinfo."""
+    if text is None:
+        text = os.environ.get("ZEN5_CPU_FLAGS")
+    if text is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return frozenset()
+        line = next((ln for ln in cpuinfo.splitlines() if ln.startswith("flags")), "flags:")
+        text = line.split(":", 1)[1]
+    return frozenset(text.split())
+
+
+def has_avx512(flags) -> bool:
+    return {"avx512f", "avx512bw", "avx512vl"} <= set(flags)
+
+
+def has_amx(flags) -> bool:
+    return {"amx_tile", "amx_int8"} <= set(flags)
+
+
+def planned_builds(flags) -> list[str]:
+    """The llama.cpp builds bench/build_peers.sh makes on a CPU with these flags (it prints the
+    same list with --plan): native always; avx512 beside an AMX native; avx2 on AVX-512 CPUs."""
+    plan = ["native"]
+    if has_avx512(flags) and has_amx(flags):
+        plan.append("avx512")
+    if has_avx512(flags):
+        plan.append("avx2")
+    return plan
+
+
+def llama_peers(flags) -> dict[str, LlamaPeer]:
+    """Peer name -> LlamaPeer for the builds a CPU with these flags gets."""
+    out = {}
+    for build in planned_builds(flags):
+        if build == "native":
+            if has_amx(flags):
+                p = LlamaPeer("llama.cpp-amx", "native", "native (AMX)", "avx512+amx", "avx512")
+            elif has_avx512(flags):
+                p = LlamaPeer("llama.cpp-native", "native", "native (AVX-512)", "avx512", "avx512")
+            elif {"avx2", "fma"} <= set(flags):
+                p = LlamaPeer("llama.cpp-native", "native", "native (AVX2)", "avx2", "avx2")
+            else:
+                p = LlamaPeer("llama.cpp-native", "native", "native", "native", "ref")
+        elif build == "avx512":
+            p = LlamaPeer("llama.cpp-avx512", "avx512", "avx512 (no AMX)", "avx512", "avx512")
+        else:
+            p = LlamaPeer("llama.cpp-avx2", "avx2", "avx2 (no AVX-512/VNNI)", "avx2", "avx2")
+        out[p.name] = p
+    return out
+
+
+def default_peers(tier: str, best: str, flags) -> tuple[str, ...]:
+    """The peers a run of zen5's `tier` is measured against: the llama.cpp builds of the same
+    instruction set (avx2vnni: the AVX2 build, llama.cpp has no separate AVX-VNNI-only build here),
+    plus PyTorch when `tier` is the CPU's best (torch cannot be limited to a lower tier)."""
+    want = "avx2" if tier == "avx2vnni" else tier
+    built = llama_peers(flags)
+    names = [n for n in LLAMA_PEERS if n in built and built[n].tier == want]  # the old order
+    return tuple(names) + (tuple(TORCH_DTYPES) if tier == best else ())
 
 
 def peer_dir() -> Path:
@@ -33,14 +115,17 @@ def peer_dir() -> Path:
 
 
 class LlamaBench:
-    def __init__(self, name: str, root: Path | None = None):
-        sub, self.build = LLAMA_BUILDS[name]
-        self.name = name
-        self.exe = (root or peer_dir()) / sub / "bin" / "llama-bench"
+    def __init__(self, name: str, root: Path | None = None, flags=None):
+        peers = llama_peers(cpu_flags() if flags is None else flags)
+        if name not in peers:
+            raise ValueError(f"{name} is not built on this CPU: bench/build_peers.sh makes "
+                             f"{', '.join(peers)} here")
+        peer = peers[name]
+        self.name, self.build, self.isa = name, peer.label, peer.isa
+        self.exe = (root or peer_dir()) / f"build-{peer.build}" / "bin" / "llama-bench"
         if not os.access(self.exe, os.X_OK):
             raise FileNotFoundError(f"{self.exe} is missing: build the llama.cpp peers with "
-                                    f"`bash bench/build_peers.sh` (about 15 minutes, once)")
-        self.isa = "avx512+amx" if name.endswith("amx") else "avx512"
+                                    f"`bash bench/build_peers.sh` (about 15 minutes a build, once)")
 
     def describe(self, quant: str, threads: int) -> tuple[str, str]:
         return self.build, self.isa
@@ -86,7 +171,10 @@ class TorchWorker:
             TorchWorker.torch_version = hello["torch"]
 
     def describe(self, quant: str, threads: int) -> tuple[str, str]:
-        isa = "avx512" + ("+amx (oneDNN)" if self.dtype == "bf16" else "")
+        flags = cpu_flags()
+        isa = "avx512" if has_avx512(flags) else "avx2" if "avx2" in flags else "native"
+        if has_amx(flags) and self.dtype == "bf16":
+            isa += "+amx (oneDNN)"
         return f"torch {self.torch_version} {self.dtype}", isa
 
     def run(self, quant: str, threads: int, tokens: list[int], tests: list[str]) -> dict[str, float]:

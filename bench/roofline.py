@@ -1,11 +1,21 @@
 """The hardware roofs the benchmark divides by: memory bandwidth and compute peaks, measured once.
 
-`measure(threads)` compiles bench/roofline.c (once per source version, cached under
-~/.cache/zen5/bench/) and runs it: best-of-several read and triad bandwidth with a working set
-inside the last-level cache share this VM gets (48 MiB: larger than the 2 x 4 MiB of L2, smaller
-than the ~90-100 MiB of L3 a guest here sees) and one far beyond it (1 GiB, so from DRAM), and the
-int8 VNNI (vpdpbusd) and fp32 FMA peaks. The C helper exists because numpy cannot issue AVX-512
-loads with enough independent accumulators to reach the roof, nor VNNI at all.
+`measure(threads, tier)` compiles bench/roofline.c for one zen5 ISA tier (with only that tier's
+flags, never -march=native; once per source version and tier, cached under ~/.cache/zen5/bench/)
+and runs it: best-of-several read and triad bandwidth with the tier's vector width and a working
+set inside the last-level cache share this VM gets (48 MiB: larger than the L2s, smaller than the
+L3 a guest here sees) and one far beyond it (1 GiB, so from DRAM), and the int8 and fp32 FMA peaks
+of the instructions the tier's kernels use:
+  avx512    int8: vpdpbusd zmm (VNNI);            fp32: vfmadd231ps zmm
+  avx2vnni  int8: vpdpbusd ymm (AVX-VNNI, VEX);   fp32: vfmadd231ps ymm
+  avx2      int8: vpmaddubsw+vpaddw ymm, the int16-accumulating inner loop of zen5's Q4 kernels
+            ("maddubs_i16_gops", the roof the fractions use); also vpmaddubsw+vpmaddwd+vpaddd,
+            the full int8 -> int32 dot product ("maddubs_i32_gops", recorded, not divided by);
+            fp32: vfmadd231ps ymm
+Every tier's row has "tier", "int8_gops" (the int8 roof), "int8_insn", "fma_fp32_gflops" and
+"fma_insn"; avx512 / avx2vnni rows also "vnni_int8_gops" (older results have only that one).
+The C helper exists because numpy cannot issue wide loads with enough independent accumulators
+to reach the roof, nor VNNI at all.
 
 What is compared with what (see `fractions`):
   decode  achieved GB/s = tok/s x weight bytes read per token (every weight tensor once; the tied
@@ -13,8 +23,8 @@ What is compared with what (see `fractions`):
           roof, "frac_peak") and vs. DRAM read bandwidth ("frac_alt");
   prefill achieved GOP/s = tok/s x 2 x parameters (the matmul work, head included, attention
           excluded: the convention of ../shared/specs/cpu-performance-notes.md), vs. the peak of
-          the unit the weights' matmuls run on ("frac_peak": int8 VNNI for quantized weights, fp32
-          FMA for F32/F16/BF16) and vs. the other peak ("frac_alt").
+          the unit the weights' matmuls run on ("frac_peak": the tier's int8 peak for quantized
+          weights, fp32 FMA for F32/F16/BF16) and vs. the other peak ("frac_alt").
 """
 from __future__ import annotations
 
@@ -30,30 +40,43 @@ LLC_BYTES = 48 << 20
 DRAM_BYTES = 1 << 30
 
 
-def _binary() -> Path:
+# Each tier's compile flags: that tier's instructions only.
+TIER_FLAGS = {"avx512": ("-DROOF_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vnni"),
+              "avx2vnni": ("-DROOF_AVX2VNNI", "-mavx2", "-mfma", "-mavxvnni"),
+              "avx2": ("-DROOF_AVX2", "-mavx2", "-mfma")}
+
+
+def _binary(tier: str = "avx512") -> Path:
+    if tier not in TIER_FLAGS:
+        raise ValueError(f"roofline: no roofs for tier {tier!r} (measured: {', '.join(TIER_FLAGS)})")
     src = HERE / "roofline.c"
-    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:12]
+    flags = ("-O3",) + TIER_FLAGS[tier] + ("-fopenmp",)
+    digest = hashlib.sha256(src.read_bytes() + " ".join(flags).encode()).hexdigest()[:12]
     out_dir = Path(os.environ.get("ZEN5_BENCH_CACHE") or Path.home() / ".cache" / "zen5" / "bench")
-    exe = out_dir / f"roofline-{digest}"
+    exe = out_dir / f"roofline-{tier}-{digest}"
     if not exe.exists():
         cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
         if not cc:
             raise RuntimeError("roofline: no C compiler (gcc) found")
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp = exe.with_name(exe.name + f".tmp{os.getpid()}")
-        subprocess.run([cc, "-O3", "-mavx512f", "-mavx512bw", "-mavx512vnni", "-fopenmp",
-                        str(src), "-o", str(tmp)], check=True)
+        subprocess.run([cc, *flags, str(src), "-o", str(tmp)], check=True)
         os.replace(tmp, exe)
     return exe
 
 
-def measure(threads: int) -> dict:
-    """Roofs at `threads` threads: read_llc_gbps, read_dram_gbps, triad_*, vnni_int8_gops,
-    fma_fp32_gflops."""
+def measure(threads: int, tier: str = "avx512") -> dict:
+    """Roofs of `tier` at `threads` threads: tier, read_llc_gbps, read_dram_gbps, triad_*,
+    int8_gops (+ the tier's own int8 figures), fma_fp32_gflops, int8_insn, fma_insn."""
     env = dict(os.environ, OMP_PROC_BIND="spread", OMP_WAIT_POLICY="passive")
-    out = subprocess.run([str(_binary()), str(threads), str(LLC_BYTES), str(DRAM_BYTES)],
+    out = subprocess.run([str(_binary(tier)), str(threads), str(LLC_BYTES), str(DRAM_BYTES)],
                          check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out)
+
+
+def int8_peak(roof: dict) -> float:
+    """The int8 roof of a roofline row: int8_gops, or vnni_int8_gops in rows older than tiers."""
+    return float(roof.get("int8_gops") or roof["vnni_int8_gops"])
 
 
 FLOAT_QUANTS = ("F32", "F16", "BF16")  # weights whose matmuls run on fp32 FMAs
@@ -66,5 +89,5 @@ def fractions(test: str, tps: float, roof: dict, bytes_per_token: int, ops_per_t
         gbps = tps * bytes_per_token / 1e9
         return gbps, "GB/s", gbps / roof["read_llc_gbps"], gbps / roof["read_dram_gbps"]
     gops = tps * ops_per_token / 1e9
-    vnni, fma = gops / roof["vnni_int8_gops"], gops / roof["fma_fp32_gflops"]
-    return (gops, "GOP/s", fma, vnni) if quant in FLOAT_QUANTS else (gops, "GOP/s", vnni, fma)
+    int8, fma = gops / int8_peak(roof), gops / roof["fma_fp32_gflops"]
+    return (gops, "GOP/s", fma, int8) if quant in FLOAT_QUANTS else (gops, "GOP/s", int8, fma)

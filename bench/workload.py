@@ -100,8 +100,8 @@ class Zen5Runner:
 
     name = "zen5"
 
-    def __init__(self, max_tokens: int):
-        self.max_tokens = max_tokens
+    def __init__(self, max_tokens: int, isa: str | None = None):
+        self.max_tokens, self.isa = max_tokens, isa or None
         self.weights: dict[str, object] = {}
         self.engines: dict[tuple[str, int], object] = {}
 
@@ -113,7 +113,7 @@ class Zen5Runner:
         if key not in self.engines:
             if quant not in self.weights:
                 self.weights[quant] = load_weights(model_path(quant))
-            self.engines[key] = Engine(self.weights[quant], threads=threads, ctx=self.max_tokens)
+            self.engines[key] = Engine(self.weights[quant], threads=threads, ctx=self.max_tokens, isa=self.isa)
         return self.engines[key]
 
     def describe(self, quant: str, threads: int) -> tuple[str, str]:

@@ -44,7 +44,9 @@ def _rows(path: Path) -> tuple[list[str], list[dict]]:
 
 @pytest.mark.model
 def test_quick_run_writes_csv_frontier_plot_and_json(tmp_path, smollm2_path):
-    proc = subprocess.run([sys.executable, "-m", "zen5", "bench", "--quick", "--out", str(tmp_path)],
+    # bench/harness.py of this checkout (what `python -m zen5 bench` loads from the checkout the
+    # installed package lives in, which need not be this one)
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "harness.py"), "--quick", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -212,3 +214,178 @@ def test_kv_quality_scores_every_cache_against_the_exact_one(tmp_path):
         assert abs(r["ppl"] / exact["ppl"] - 1) < 0.05
     _, written = _rows(tmp_path / "kv_quality.csv")
     assert len(written) == 4 and float(written[3]["kl_vs_exact"]) == rows[3]["kl_vs_exact"]
+
+
+# ---------------------------------------------------------------- ISA tiers and the peers per CPU
+import peers  # noqa: E402
+import results_log  # noqa: E402
+
+ZEN3 = "fpu sse2 ssse3 fma cx16 sse4_1 sse4_2 movbe popcnt aes xsave avx f16c rdrand bmi1 avx2 bmi2 sha_ni vaes vpclmulqdq"
+ZEN4 = ZEN3 + (" avx512f avx512dq avx512ifma avx512cd avx512bw avx512vl avx512_bf16 avx512vbmi avx512_vbmi2"
+               " avx512_vnni avx512_bitalg avx512_vpopcntdq")
+XEON_AMX = ZEN4 + " avx_vnni avx512_fp16 amx_bf16 amx_tile amx_int8"
+CPUS = {"zen3": ZEN3, "zen4": ZEN4, "xeon_amx": XEON_AMX}
+
+
+@pytest.mark.parametrize("cpu, builds, llama, best_peers, avx2_peers", [
+    ("zen3", ["native"], {"llama.cpp-native": ("native", "avx2", "avx2")},
+     ("llama.cpp-native", "torch-fp32", "torch-bf16"), None),
+    ("zen4", ["native", "avx2"], {"llama.cpp-native": ("native", "avx512", "avx512"),
+                                  "llama.cpp-avx2": ("avx2", "avx2", "avx2")},
+     ("llama.cpp-native", "torch-fp32", "torch-bf16"), ("llama.cpp-avx2",)),
+    ("xeon_amx", ["native", "avx512", "avx2"], {"llama.cpp-amx": ("native", "avx512+amx", "avx512"),
+                                                "llama.cpp-avx512": ("avx512", "avx512", "avx512"),
+                                                "llama.cpp-avx2": ("avx2", "avx2", "avx2")},
+     ("llama.cpp-avx512", "llama.cpp-amx", "torch-fp32", "torch-bf16"), ("llama.cpp-avx2",)),
+])
+def test_peer_builds_and_names_follow_the_cpu_flags(cpu, builds, llama, best_peers, avx2_peers):
+    """native always (AMX on the Xeon, AVX-512 on Zen 4, AVX2 on Zen 3); avx512 only beside AMX;
+    avx2 on AVX-512 CPUs; each named for what it runs; a tier's run gets the builds of its ISA,
+    and PyTorch only for the best tier."""
+    flags = peers.cpu_flags(CPUS[cpu])
+    assert peers.planned_builds(flags) == builds
+    got = peers.llama_peers(flags)
+    assert {n: (p.build, p.isa, p.tier) for n, p in got.items()} == llama
+    assert set(got) <= set(peers.LLAMA_PEERS)
+    best = "avx2" if cpu == "zen3" else "avx512"
+    assert peers.default_peers(best, best, flags) == best_peers
+    if avx2_peers:
+        assert peers.default_peers("avx2", best, flags) == avx2_peers  # no torch: it cannot be held to AVX2
+        assert peers.default_peers("avx2vnni", best, flags) == avx2_peers
+    assert peers.default_peers("ref", best, flags) == ()
+    # the build script makes the same choice (its --plan, with the flags in ZEN5_CPU_FLAGS)
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "build_peers.sh"), "--plan"], capture_output=True,
+                          text=True, timeout=30, env=dict(os.environ, ZEN5_CPU_FLAGS=CPUS[cpu]))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == builds
+
+
+def test_llama_peer_not_built_for_this_cpu_or_missing_fails_clearly(tmp_path):
+    with pytest.raises(ValueError, match="not built on this CPU"):
+        peers.LlamaBench("llama.cpp-amx", root=tmp_path, flags=peers.cpu_flags(ZEN4))
+    with pytest.raises(FileNotFoundError, match="build_peers.sh"):
+        peers.LlamaBench("llama.cpp-avx2", root=tmp_path, flags=peers.cpu_flags(ZEN4))
+    exe = tmp_path / "build-avx2" / "bin" / "llama-bench"
+    exe.parent.mkdir(parents=True)
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    lb = peers.LlamaBench("llama.cpp-avx2", root=tmp_path, flags=peers.cpu_flags(XEON_AMX))
+    assert lb.describe("Q4_1", 1) == ("avx2 (no AVX-512/VNNI)", "avx2")
+
+
+def test_tier_choice_and_result_file_names():
+    tiers = [("ref", ""), ("avx2", ""), ("avx2vnni", "CPU lacks AVX-VNNI"), ("avx512", "")]
+    assert harness.resolve_tier("", tiers) == ("avx512", "avx512")
+    assert harness.resolve_tier("avx2", tiers) == ("avx2", "avx512")
+    with pytest.raises(RuntimeError, match="AVX-VNNI"):
+        harness.resolve_tier("avx2vnni", tiers)
+    with pytest.raises(ValueError):
+        harness.resolve_tier("sse2", tiers)
+    assert harness.result_stem("AMD_EPYC_Zen4", "avx512", "avx512") == "AMD_EPYC_Zen4"
+    assert harness.result_stem("AMD_EPYC_Zen4", "avx2", "avx512") == "AMD_EPYC_Zen4-avx2"
+    assert harness.result_stem("AMD_EPYC_Zen3", "avx2", "avx2") == "AMD_EPYC_Zen3"
+    with pytest.raises(ValueError):
+        harness.BenchConfig(isa="sse2")
+    # --isa is no change of workload: an AVX2 run of the full workload is "full"
+    ap = __import__("argparse").ArgumentParser()
+    harness.add_arguments(ap)
+    assert harness.config_from_args(ap.parse_args(["--isa", "avx2"])).workload == "full"
+    assert harness.config_from_args(ap.parse_args(["--isa", "avx2", "--repeat", "3"])).workload == "custom"
+    # the split the report uses: tier files apart, CPU names with dashes kept whole
+    assert report.split_stem(Path("AMD_EPYC_Zen4-avx2-bench.csv")) == ("AMD_EPYC_Zen4", "avx2")
+    assert report.split_stem(Path("Intel_Xeon_Processor-bench.csv")) == ("Intel_Xeon_Processor", "")
+    assert report.split_stem(Path("AMD_Ryzen_9_7950X_16-Core_Processor-bench.csv"))[1] == ""
+
+
+def _cpuinfo(vendor: str, family: int, model: int, name: str, flags: str) -> str:
+    return (f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\n"
+            f"model name\t: {name}\nflags\t\t: {flags}\n\nprocessor\t: 1\nvendor_id\t: {vendor}\n")
+
+
+def test_cpu_names_tell_amd_generations_and_intel_apart():
+    zen3 = results_log.cpu_name(_cpuinfo("AuthenticAMD", 25, 1, "AMD EPYC", ZEN3))
+    zen4 = results_log.cpu_name(_cpuinfo("AuthenticAMD", 25, 17, "AMD EPYC", ZEN4))
+    xeon = results_log.cpu_name(_cpuinfo("GenuineIntel", 6, 143, "Intel(R) Xeon(R) Processor", XEON_AMX))
+    assert (zen3, zen4, xeon) == ("AMD_EPYC_Zen3", "AMD_EPYC_Zen4", "Intel_Xeon_Processor")
+    assert results_log.cpu_name(_cpuinfo("AuthenticAMD", 25, 17, "AMD EPYC 9654 96-Core Processor", ZEN4)) \
+        == "AMD_EPYC_9654_96-Core_Processor"  # a real model number needs no suffix
+    assert results_log.cpu_name(_cpuinfo("AuthenticAMD", 99, 3, "AMD EPYC", ZEN4)) == "AMD_EPYC_f99m3"
+
+
+def test_prefill_roof_uses_the_tier_int8_peak():
+    import roofline
+    roof = {"read_llc_gbps": 50.0, "read_dram_gbps": 25.0, "int8_gops": 400.0, "maddubs_i32_gops": 250.0,
+            "fma_fp32_gflops": 100.0, "tier": "avx2"}
+    assert roofline.fractions("pp512", 1000, roof, 10**8, 2.0e8, "Q4_1") == (200.0, "GOP/s", 0.5, 2.0)
+    assert roofline.fractions("pp512", 1000, roof, 10**8, 2.0e8, "BF16") == (200.0, "GOP/s", 2.0, 0.5)
+    with pytest.raises(ValueError):
+        roofline._binary("ref")
+
+
+def test_append_csv_widens_an_older_header(tmp_path):
+    path = tmp_path / "x-roofline.csv"
+    harness.append_csv(path, ("run_id", "threads", "vnni_int8_gops"), [dict(run_id="a", threads=1, vnni_int8_gops=9)])
+    harness.append_csv(path, ("run_id", "threads", "vnni_int8_gops", "tier"),
+                       [dict(run_id="b", threads=1, vnni_int8_gops=8, tier="avx512")])
+    header, rows = _rows(path)
+    assert header == ["run_id", "threads", "vnni_int8_gops", "tier"]
+    assert [(r["run_id"], r["tier"]) for r in rows] == [("a", ""), ("b", "avx512")]
+    with pytest.raises(RuntimeError):
+        harness.append_csv(path, ("run_id", "other"), [dict(run_id="c", other=1)])
+
+
+def _fake_tier_results(d: Path, run_id: str) -> None:
+    base = dict(run_id=run_id, date=run_id, commit="def5678", cpu="AMD_EPYC_Zen4", workload="custom",
+                model="m.gguf", n_tokens=512, repeats=3, tps_min=1, tps_max=1, achieved=1, unit="GOP/s",
+                frac_alt=0.1, steal_ticks=0, steal_pct=0.2, load1_start=1.7)
+    rows = [dict(base, engine="zen5", build="matmul=int8", isa="avx2", quant="Q4_1", threads=1, test="pp512",
+                 tps_median=500.0, frac_peak=0.3),
+            dict(base, engine="llama.cpp-avx2", build="avx2 (no AVX-512/VNNI)", isa="avx2", quant="Q4_1", threads=1,
+                 test="pp512", tps_median=125.0, frac_peak=0.07),
+            dict(base, engine="zen5", build="matmul=int8", isa="avx2", quant="Q4_1", threads=1, test="tg128",
+                 n_tokens=128, tps_median=90.0, unit="GB/s", frac_peak=0.4),
+            dict(base, engine="llama.cpp-avx2", build="avx2 (no AVX-512/VNNI)", isa="avx2", quant="Q4_1", threads=1,
+                 test="tg128", n_tokens=128, tps_median=100.0, unit="GB/s", frac_peak=0.45)]
+    harness.append_csv(d / "AMD_EPYC_Zen4-avx2-bench.csv", harness.COLUMNS, rows)
+    harness.append_csv(d / "AMD_EPYC_Zen4-avx2-roofline.csv",
+                       ("run_id", "threads", "read_llc_gbps", "read_dram_gbps", "maddubs_i16_gops", "maddubs_i32_gops",
+                        "fma_fp32_gflops", "int8_gops", "int8_insn", "fma_insn", "tier"),
+                       [dict(run_id=run_id, threads=1, read_llc_gbps=28.4, read_dram_gbps=18.2, maddubs_i16_gops=374.4,
+                             maddubs_i32_gops=229.4, fma_fp32_gflops=118.1, int8_gops=374.4,
+                             int8_insn="vpmaddubsw+vpaddw ymm", fma_insn="vfmadd231ps ymm", tier="avx2")])
+
+
+def test_report_renders_a_forced_tier_table_beside_the_best_tier(tmp_path):
+    _fake_results(tmp_path, "2026-01-02T00:00:00", 300.0)
+    only_best = report.render(tmp_path)
+    _fake_tier_results(tmp_path, "2026-01-03T00:00:00")
+    text = report.render(tmp_path)
+    assert text.startswith(only_best + "\n\n")  # the best tier's section is unchanged, first
+    tier = text[len(only_best):]
+    assert "zen5's AVX2 tier, forced (`python -m zen5 bench --isa avx2`; `bench/results/AMD_EPYC_Zen4-avx2-bench.csv`)" in tier
+    assert "AMD EPYC Zen4, custom workload (pp512, tg128), 3 repetitions" in tier
+    assert "1-minute load average 1.7 at the start" in tier and "over the int8 vpmaddubsw+vpaddw peak" in tier
+    assert "| weights | threads | test | zen5 | llama.cpp AVX2 | zen5 of roof |" in tier
+    assert "torch" not in tier.lower() and "AVX-512 |" not in tier
+    assert "| Q4_1 | 1 | pp512 | **500** | 125 (4.00x) | 30% |" in tier
+    assert "| Q4_1 | 1 | tg128 | 90.0 | **100 (0.90x)** | 40% |" in tier
+    assert ("AVX2 roofs measured in the same run: 1 thread(s): read 28.4 GB/s in LLC, 18.2 GB/s from DRAM, int8 "
+            "vpmaddubsw+vpaddw (int16 sums, the Q4 inner loop; the roof above) 374 GOP/s, vpmaddubsw+vpmaddwd+vpaddd "
+            "(to int32) 229 GOP/s, fp32 FMA (ymm) 118 GFLOP/s.") in tier
+    assert "Noisy rows" not in tier
+    # a forced-tier file alone still renders (a machine whose only recorded run is a forced tier)
+    for f in tmp_path.glob("Test_CPU-*"):
+        f.unlink()
+    assert report.render(tmp_path) == tier.lstrip("\n")
+
+
+def test_report_calls_out_noisy_rows_of_a_tier_run(tmp_path):
+    _fake_tier_results(tmp_path, "2026-01-03T00:00:00")
+    path = tmp_path / "AMD_EPYC_Zen4-avx2-bench.csv"
+    header, rows = _rows(path)
+    rows[3].update(tps_min="4.0", tps_max="110.0")  # llama.cpp tg128: one repetition starved
+    path.unlink()
+    harness.append_csv(path, header, rows)
+    text = report.render(tmp_path)
+    assert ("Noisy rows: in 1 of 4 results the fastest repetition was more than 2x the slowest "
+            "(llama.cpp AVX2 Q4_1 1t tg128: 4.0-110). The machine was shared (1-minute load average 1.7") in text
