@@ -157,20 +157,25 @@ void Context::matmuls(std::initializer_list<MatJob> jobs, int n) {
     // measured 1-6% slower for Q4_1 decode at 2 threads (3 alternating pairs).
     const int per_thread = n > 8 ? 4 : 1;
     const int64_t per = std::max<int64_t>(gran, (total_rows / (nt * per_thread) + gran - 1) / gran * gran);
-    struct Slice { const MatJob* job; int act; int64_t r0, r1; };
-    Slice slices[256];
-    int n_slices = 0;
+    // Task t is slice t - first[job] of the job with first[job] <= t < first[job + 1], computed
+    // rather than stored: any thread count and shape gets every row (a fixed table of 256 slices
+    // once dropped the rows past it from about 74 threads on).
+    int first[9] = {0};
+    const MatJob* job_of[8];
     ji = 0;
     for (const MatJob& j : jobs) {
-        for (int64_t r0 = 0; r0 < j.w->rows && n_slices < 256; r0 += per)
-            slices[n_slices++] = Slice{&j, act_of[ji], r0, std::min(j.w->rows, r0 + per)};
+        job_of[ji] = &j;
+        first[ji + 1] = first[ji] + int((j.w->rows + per - 1) / per);
         ++ji;
     }
-    model_->pool.run(n_slices, [&](int t, int) {
-        const Slice& s = slices[t];
-        const WeightView& w = *s.job->w;
-        if (s.act >= 0) k_.matmul_int8(*w.packed, s.r0, s.r1, acts[s.act], n, s.job->y, w.rows);
-        else k_.matmul(w, s.r0, s.r1, s.job->x, n, w.cols, s.job->y, w.rows);
+    model_->pool.run(first[ji], [&](int t, int) {
+        int jj = 0;
+        while (t >= first[jj + 1]) ++jj;
+        const MatJob& job = *job_of[jj];
+        const WeightView& w = *job.w;
+        const int64_t r0 = int64_t(t - first[jj]) * per, r1 = std::min(w.rows, r0 + per);
+        if (act_of[jj] >= 0) k_.matmul_int8(*w.packed, r0, r1, acts[act_of[jj]], n, job.y, w.rows);
+        else k_.matmul(w, r0, r1, job.x, n, w.cols, job.y, w.rows);
     });
 }
 

@@ -77,6 +77,30 @@ def test_thread_count_does_not_change_logits(smollm2_path):
     assert np.array_equal(out[0], out[1]) and np.array_equal(out[0], out[2])
 
 
+@pytest.mark.parametrize("matmul", ["int8", "f32"])
+def test_any_thread_count_gives_every_row(tmp_path, matmul):
+    """Matmuls are cut into row slices per thread (4 per thread in prefill): with FFN rows 4,864
+    wide, 74 or more threads once made more slices than a fixed table held and the rows past it
+    were never computed. Prefill and decode at every count, oversubscribed on this machine, give
+    one thread's logits bit for bit."""
+    import tiny_gguf
+
+    path = tiny_gguf.write_gguf(tmp_path / "wide-ffn.gguf", n_ff=4864)
+    toks = list(range(3, 35))
+
+    def run(threads):
+        eng = Engine.load(path, ctx=64, threads=threads, matmul=matmul)
+        prefill = eng.ctx.eval(toks, all_logits=True)
+        decode = np.stack([eng.ctx.eval([t], all_logits=True)[0] for t in (40, 41, 42)])
+        return prefill, decode
+
+    one = run(1)
+    for threads in (2, 3, 7, 64, 74, 128, 192, 256):
+        got = run(threads)
+        assert np.array_equal(got[0], one[0]), (threads, "prefill")
+        assert np.array_equal(got[1], one[1]), (threads, "decode")
+
+
 def test_snapshot_restore_in_fresh_process(smollm2, smollm2_path, tmp_path):
     eng = smollm2
     toks = eng.tokenizer.encode(TEXT)
