@@ -605,7 +605,9 @@ class ZenServer:
                 headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
                 auth = headers.get("authorization", "")
                 given = headers.get("x-api-key") or (auth[7:] if auth.lower().startswith("bearer ") else "")
-                if not secrets.compare_digest(given.strip().encode(), key.encode()):
+                # compared as bytes: a header holds the client's bytes (decoded latin-1 above, so
+                # .encode("latin-1") restores them) and a UTF-8 client sends a non-ASCII key as UTF-8
+                if not secrets.compare_digest(given.strip().encode("latin-1"), key.encode("utf-8")):
                     err = ApiError(401, "invalid or missing API key: send it as `x-api-key` or "
                                         "`Authorization: Bearer`")
                     self.metrics.request("auth", 401)

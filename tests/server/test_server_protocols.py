@@ -459,6 +459,21 @@ def test_api_key_both_headers_and_401_shapes():
         srv.stop()
 
 
+def test_non_ascii_api_key_matches_its_utf8_bytes():
+    """Headers are bytes: a client sends a non-ASCII key as UTF-8, which must match `--api-key`
+    (it once never did: the header was decoded as latin-1, the key encoded as UTF-8)."""
+    key = "clé-ключ-🔑"
+    srv = InProcessServer(FakeSession(), api_key=key)
+    try:
+        body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+        assert post(srv, "/v1/messages", body, **{"x-api-key": key.encode("utf-8")}).ok
+        assert post(srv, "/v1/messages", body, Authorization=b"Bearer " + key.encode("utf-8")).ok
+        assert post(srv, "/v1/messages", body, **{"x-api-key": "cl\u00e9".encode()}).status_code == 401
+        assert post(srv, "/v1/messages", body, **{"x-api-key": key[:-1].encode("utf-8")}).status_code == 401
+    finally:
+        srv.stop()
+
+
 def test_custom_tool_input_decodes_incrementally_at_any_split():
     """A custom tool call's input streams as decoded text (response.custom_tool_call_input.delta)
     while the session streams the JSON of {"input": ...}: any fragmenting, escapes and surrogate
