@@ -169,3 +169,13 @@ def test_the_native_sampler_agrees_with_the_plain_filters_on_random_edge_cases()
         with np.errstate(all="ignore"):
             assert got == [_plain_sample(params, plain_rng, x) for _ in range(4)], (trial, params)
         assert all(np.isfinite(x[g]) for g in got)
+
+
+def test_top_k_beyond_the_vocabulary_keeps_every_token():
+    """A top_k past the vocabulary (Anthropic accepts any integer; 2^32 once overflowed the native
+    call into a 500 that leaked its signature) samples exactly as keeping every token does."""
+    logits = np.random.default_rng(3).standard_normal(1000).astype(np.float32)
+    for k in (1000, 5000, 2 ** 32, 2 ** 70):
+        a = [Sampler(SamplingParams(temperature=1.0, top_k=k, top_p=1.0, min_p=0.0, seed=s)).sample(logits) for s in range(20)]
+        b = [Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=s)).sample(logits) for s in range(20)]
+        assert a == b, k

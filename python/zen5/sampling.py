@@ -62,7 +62,10 @@ class Sampler:
         # One uniform draw, mapped to a token as Generator.choice(p=...) maps it (the filters and
         # the mapping run natively: numpy's version cost ~200 us per decoded token, see sampler.h)
         u = float(self.rng.random())
-        tok = _native.sample_token(np.asarray(logits, np.float32), p.temperature, p.top_k, p.top_p, p.min_p, u)
+        # top_k at or past the vocabulary keeps every token (and a huge one must not overflow the
+        # native int)
+        top_k = min(p.top_k, len(logits))
+        tok = _native.sample_token(np.asarray(logits, np.float32), p.temperature, top_k, p.top_p, p.min_p, u)
         return tok if tok >= 0 else int(np.argmax(logits))  # NaN, or no finite max: the argmax
 
     def logprob(self, logits: np.ndarray, token_id: int) -> TokenLogprob:

@@ -459,6 +459,29 @@ def test_api_key_both_headers_and_401_shapes():
         srv.stop()
 
 
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/chat/completions", "/v1/responses"])
+def test_what_python_parses_but_json_is_not_is_a_400(path):
+    """Python's json module takes more than JSON, and each of these once became a 500: nesting
+    deeper than the recursion limit, NaN / Infinity, and lone surrogate escapes (streamed too,
+    where the connection once closed with no bytes). A surrogate pair is text and is served."""
+    srv = InProcessServer(FakeSession())
+    try:
+        msg = ('{"model": "m", "max_output_tokens": 5, %s"input": [{"role": "user", "content": "%s"}]%s}'
+               if path == "/v1/responses" else
+               '{"model": "m", "max_tokens": 5, %s"messages": [{"role": "user", "content": "%s"}]%s}')
+        assert post(srv, path, (msg % ("", "hi", "")).encode()).ok  # the template itself is valid
+        deep = msg % ("", "hi", ', "metadata": ' + "[" * 5000 + "]" * 5000)
+        for raw in (deep, msg % ('"temperature": NaN, ', "hi", ""), msg % ('"top_p": Infinity, ', "hi", ""),
+                    msg % ("", "a\\ud800b", ""), msg % ('"stream": true, ', "a\\udc00", ""),
+                    msg % ("", "hi", ', "metadata": {"\\ud800": "x"}')):
+            r = post(srv, path, raw.encode())
+            assert r.status_code == 400, (path, raw[:80], r.status_code, r.text[:200])
+            assert "error" in r.json()
+        assert post(srv, path, (msg % ("", "smile \\ud83d\\ude00", "")).encode()).ok
+    finally:
+        srv.stop()
+
+
 def test_non_ascii_api_key_matches_its_utf8_bytes():
     """Headers are bytes: a client sends a non-ASCII key as UTF-8, which must match `--api-key`
     (it once never did: the header was decoded as latin-1, the key encoded as UTF-8)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 from zen5.api.errors import bad_request
 
@@ -37,14 +38,44 @@ def obj(value, path: str) -> dict:
     return value
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _lone_surrogate(value) -> bool:
+    """Whether any string (key or value) holds a lone UTF-16 surrogate, which no reply can encode."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
 def parse_json_object(raw: bytes) -> dict:
-    """The request body as a JSON object (a 400 that says why otherwise)."""
+    """The request body as a JSON object (a 400 that says why otherwise). Python's parser takes
+    more than JSON, and what it takes would fail later as a 500: NaN and Infinity (refused here),
+    lone surrogate escapes such as "\ud800" (refused when the body has a surrogate escape at all,
+    so only such bodies are walked) and nesting deeper than the interpreter's recursion limit."""
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as e:
         raise bad_request(f"the request body is not valid JSON ({e}); send a JSON object") from None
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply; send a flatter JSON object") from None
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {type_name(body)}")
+    if re.search(rb"\\u[dD][89a-fA-F]", raw) and _lone_surrogate(body):
+        raise bad_request("the request body holds a lone UTF-16 surrogate escape (e.g. \\ud800), "
+                          "which is not text; pair it or remove it")
     return body
 
 
