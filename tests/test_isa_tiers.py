@@ -1,10 +1,10 @@
 """The ISA tiers as a list: what each needs, what `zen5 info` says, what ZEN5_FORCE_ISA refuses,
 and that no SIMD tier's object code can leak into the rest of the module."""
 import json
-import platform
-import shutil
 import os
+import platform
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path

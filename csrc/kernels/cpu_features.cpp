@@ -79,10 +79,9 @@ struct Tiers {
     const Kernels* table[kTierCount];
     Tiers() {
         const Features x = read_features();
-        const std::initializer_list<std::pair<const char*, bool>> avx2 = {
-            {"AVX", x.avx}, {"AVX2", x.avx2}, {"FMA", x.fma}, {"F16C", x.f16c}};
         table[0] = &kernels_ref();
-        why[1] = missing(kernels_avx2(), avx2, x.ymm_os, "YMM");
+        why[1] = missing(kernels_avx2(), {{"AVX", x.avx}, {"AVX2", x.avx2}, {"FMA", x.fma}, {"F16C", x.f16c}},
+                         x.ymm_os, "YMM");
         table[1] = why[1].empty() ? kernels_avx2() : nullptr;
         why[2] = missing(kernels_avx2vnni(),
                          {{"AVX", x.avx}, {"AVX2", x.avx2}, {"FMA", x.fma}, {"F16C", x.f16c}, {"AVX-VNNI", x.avxvnni}},
