@@ -120,3 +120,38 @@ def test_cli_errors_are_clear(tmp_path):
     assert r.returncode == 2 and "nope.gguf" in r.stderr and "Traceback" not in r.stderr
     r = _cli("info", env={"ZEN5_FORCE_ISA": "bogus"})
     assert r.returncode != 0 and "ZEN5_FORCE_ISA=bogus" in r.stderr
+
+
+def test_watch_sees_every_evaluation_chunks_long_prefill_and_can_stop_it(smollm2):
+    """Engine.watch is how the server cancels a request and logs prefill progress: the watcher
+    runs before every evaluation (a long prefill in WATCH_CHUNK pieces, with the same logits as
+    one batch) and once after; raising stops the work with the cache holding what was done."""
+    prompt = smollm2.tokenizer.encode(CHAT * 60)
+    n = len(prompt)
+    assert n > 2 * zen5.engine.Engine.WATCH_CHUNK
+    smollm2.reset()
+    smollm2.append(prompt)
+    whole = smollm2.ctx.logits().copy()
+
+    calls = []
+    smollm2.reset()
+    with smollm2.watch(lambda done, total: calls.append((done, total))):
+        smollm2.append(prompt)
+    chunk = zen5.engine.Engine.WATCH_CHUNK
+    assert calls == [(i, n) for i in range(0, n, chunk)] + [(n, n)]
+    assert (smollm2.ctx.logits() == whole).all()
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_second_chunk(done, total):
+        if done >= chunk:
+            raise Stop
+
+    smollm2.reset()
+    with pytest.raises(Stop), smollm2.watch(stop_at_second_chunk):
+        smollm2.append(prompt)
+    assert smollm2.tokens == tuple(prompt[:chunk]) and smollm2.ctx.n_past == chunk
+    smollm2.append(prompt[chunk:])   # nothing lost: the rest continues from there
+    assert (smollm2.ctx.logits() == whole).all()
+    smollm2.reset()

@@ -9,10 +9,11 @@ so a multi-byte character split across tokens never leaks half-formed.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 from zen5 import _native
 from zen5.config import SUPPORTED_TYPES, ModelConfig
@@ -119,6 +120,7 @@ class Engine:
         self.isa: str = self.ctx.isa
         self._tokens: list[int] = []  # exactly the tokens whose K/V rows the context holds
         self.state_id = 0              # bumped on every change of the cache (staleness checks)
+        self._watch: Callable[[int, int], None] | None = None
 
     @classmethod
     def load(cls, name_or_path: str = "smollm2", threads: int | None = None, ctx: int | None = None,
@@ -199,6 +201,20 @@ class Engine:
             raise _native.ContextOverflow(
                 f"{len(self._tokens)} cached + {len(tokens)} new tokens exceed the context of "
                 f"{self.n_ctx} tokens")
+        watch, n = self._watch, len(tokens)
+        if watch is None or all_logits or n <= self.WATCH_CHUNK:
+            if watch is not None:
+                watch(0, n)
+            rows = self._eval(tokens, all_logits)
+        else:
+            for i in range(0, n, self.WATCH_CHUNK):
+                watch(i, n)
+                rows = self._eval(tokens[i:i + self.WATCH_CHUNK], False)
+        if watch is not None:
+            watch(n, n)
+        return rows
+
+    def _eval(self, tokens: list[int], all_logits: bool):
         self.state_id += 1
         try:
             rows = self.ctx.eval(tokens, all_logits)
@@ -208,6 +224,23 @@ class Engine:
             raise
         self._tokens.extend(tokens)
         return rows
+
+    # A watched prefill runs in chunks of this many tokens, so a watcher sees it at least that
+    # often (the KV cache makes chunked prefill bit-identical to one batch).
+    WATCH_CHUNK = 256
+
+    @contextlib.contextmanager
+    def watch(self, check: Callable[[int, int], None]):
+        """Inside, `check(done, total)` is called before every native evaluation that `append`
+        makes (each decode step, each WATCH_CHUNK tokens of a long prefill) and once after the
+        last one (done == total). It may raise to stop the work: the cache then holds exactly
+        the tokens evaluated so far. The server uses it to stop a request whose client left
+        and to log the progress of long prefills."""
+        outer, self._watch = self._watch, check
+        try:
+            yield
+        finally:
+            self._watch = outer
 
     def snapshot(self) -> bytes:
         """The native snapshot of the cache (KV rows of every cached token + the last logits)."""

@@ -3,6 +3,7 @@ server over a scripted session (no weights: exact event sequences, errors, overl
 cancellation in milliseconds), SSE parsing and /metrics scraping."""
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
@@ -146,7 +147,9 @@ class FakeSession:
     last message holds tool results answers "Sunny." as a live continuation."""
 
     def __init__(self):
-        self.engine = SimpleNamespace(n_ctx=4096)
+        # the engine surface the server uses: its context and the watch over evaluations (the
+        # fake never evaluates; the worker still checks cancellation between events)
+        self.engine = SimpleNamespace(n_ctx=4096, watch=lambda check: contextlib.nullcontext())
         self.requests = []
         self.cancelled = threading.Event()
         self.closed = False

@@ -1,0 +1,324 @@
+"""The HTTP app: routes, handlers and cross-cutting guards around one Worker.
+
+Handlers run on the event loop and only parse, validate, enqueue a job (worker.py) and relay its
+events, as JSON or SSE. A bad request is a 400 in the protocol's own error shape, never a 500.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+import zen5
+from zen5.api import ApiContext, anthropic, new_id, openai_chat, openai_completions, openai_responses
+from zen5.api.conversations import Reply
+from zen5.api.errors import ApiError, error_response, style_for_path
+from zen5.api.fields import parse_json_object
+from zen5.api.openapi import openapi_spec
+from zen5.chat_types import (Finish, RedactedThinkingBlock, TextBlock, ThinkingBlock, ToolResultBlock,
+                             ToolUseBlock, Usage)
+from zen5.server.config import ServerConfig
+from zen5.server.metrics import Metrics
+from zen5.server.tracing import Tracer
+from zen5.server.worker import Accepted, Done, Job, Worker
+
+log = logging.getLogger("zen5.server")
+MAX_BODY = 64 << 20
+
+
+# ---- token counting (Anthropic count_tokens) -------------------------------------------------
+class _Count:
+    """The reply of a count job: one number."""
+    finish = None
+
+    def __init__(self):
+        self.value = 0
+
+    def add(self, value) -> None:
+        self.value = value
+
+    def summary(self) -> dict:
+        return {"input_tokens": self.value}
+
+
+def count_prompt_tokens(session, request) -> int:
+    """Prompt tokens of a request as the model would read it, rendered canonically. (The session
+    may render a replayed turn from the exact sampled bytes instead, which can differ by a few
+    tokens; a count is an estimate in the API too.)"""
+    from zen5.session import prompt_response_format
+    msgs = []
+    for m in request.messages:
+        texts = "".join(b.text for b in m.blocks if isinstance(b, TextBlock))
+        if m.role == "assistant":
+            d = {"role": "assistant", "content": texts}
+            thinking = "".join(b.text for b in m.blocks if isinstance(b, ThinkingBlock))
+            if thinking or any(isinstance(b, RedactedThinkingBlock) for b in m.blocks):
+                d["reasoning_content"] = thinking
+            calls = [b for b in m.blocks if isinstance(b, ToolUseBlock)]
+            if calls:
+                d["tool_calls"] = [{"id": c.id, "type": "function",
+                                    "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+            msgs.append(d)
+            continue
+        msgs += [{"role": "tool", "tool_call_id": b.tool_use_id, "content": b.content}
+                 for b in m.blocks if isinstance(b, ToolResultBlock)]
+        if texts or not any(isinstance(b, ToolResultBlock) for b in m.blocks):
+            msgs.append({"role": "user" if m.role == "tool" else m.role, "content": texts})
+    thinking = "thinking" if session.dialect.name == "deepseek_v4" and request.thinking is not False else "chat"
+    segments = session.dialect.render_segments(msgs, [t.openai() for t in request.tools] or None,
+                                               thinking_mode=thinking, reasoning_effort=request.reasoning_effort,
+                                               response_format=prompt_response_format(request))
+    return len(session.engine.tokenizer.encode_segments(segments))
+
+
+class HeadProbe:
+    """Answer `HEAD` on any path with 200 and no body: Claude Code probes `HEAD /` or
+    `HEAD /api/hello` before its first request."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "HEAD":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await self.app(scope, receive, send)
+
+
+class ZenServer:
+    """Routes, handlers and lifecycle around one Worker."""
+
+    def __init__(self, config: ServerConfig, session, model_name: str):
+        self.config = config
+        self.session = session
+        self.metrics = Metrics()
+        self.tracer = Tracer(config.trace)
+        self.worker = Worker(session, self.metrics, self.tracer, config.queue)
+        self.ctx = ApiContext(model_name, session.engine.n_ctx, config.max_output)
+        self.created = int(time.time())
+
+    # ---- plumbing ---------------------------------------------------------------------------
+    @staticmethod
+    async def _json(request: Request) -> dict:
+        raw = await request.body()
+        if len(raw) > MAX_BODY:
+            raise ApiError(413, f"the request body is {len(raw)} bytes, over the limit of {MAX_BODY}")
+        return parse_json_object(raw)
+
+    def _error(self, style: str, err: ApiError, rid: str, api: str) -> Response:
+        self.metrics.request(api, err.status)
+        return error_response(style, err, rid)
+
+    def _submit(self, start, new_reply, rid: str, api: str, style: str) -> Job:
+        job = Job(start, new_reply, asyncio.get_running_loop(), rid, api)
+        self.worker.submit(job, style)
+        return job
+
+    async def _next(self, job: Job, request: Request, want) -> object | None:
+        """Wait for the first item that is `want` (or an ApiError, raised); None if the client
+        disconnects first (the job is then cancelled)."""
+        checked = time.monotonic()
+        while True:
+            item = await job.get(0.5)
+            if time.monotonic() - checked >= 0.5:       # events may never pause: check by the clock
+                checked = time.monotonic()
+                if await request.is_disconnected():
+                    job.cancel.set()
+                    return None
+            if isinstance(item, ApiError):
+                raise item
+            if item is not None and want(item):
+                return item
+
+    def _gone(self, api: str) -> Response:
+        """The client left before its answer (nobody reads this; nginx's code for it)."""
+        self.metrics.request(api, 499)
+        return Response(status_code=499)
+
+    @staticmethod
+    def _headers(rid: str) -> dict:
+        return {"request-id": rid, "x-request-id": rid}
+
+    # ---- chat endpoints ---------------------------------------------------------------------
+    async def _chat(self, request: Request, adapter, api: str) -> Response:
+        rid, style = new_id("req_"), adapter.STYLE
+        job = None
+        try:
+            turn = adapter.parse(await self._json(request), self.ctx)
+            job = self._submit(turn.start, getattr(adapter, "new_reply", Reply), rid, api, style)
+            accepted = await self._next(job, request, lambda i: isinstance(i, Accepted))
+            if accepted is None:
+                return self._gone(api)
+            if turn.stream:
+                self.metrics.request(api, 200)
+                headers = {**self._headers(rid), "cache-control": "no-cache", "x-accel-buffering": "no"}
+                return StreamingResponse(self._sse(job, turn, adapter, accepted.usage),
+                                         media_type="text/event-stream", headers=headers)
+            done = await self._next(job, request, lambda i: isinstance(i, Done))
+        except ApiError as e:
+            return self._error(style, e, rid, api)
+        except asyncio.CancelledError:
+            if job is not None:
+                job.cancel.set()
+            raise
+        if done is None or done.cancelled:
+            return self._gone(api)
+        if done.reply.finish is None:
+            return self._error(style, ApiError(500, "the generation ended without a result"), rid, api)
+        adapter.remember(turn, done.reply, self.ctx)
+        self.metrics.request(api, 200)
+        return JSONResponse(adapter.body(turn, done.reply, self.ctx), headers=self._headers(rid))
+
+    async def _sse(self, job: Job, turn, adapter, planned: Usage | None):
+        stream = adapter.Stream(turn, self.ctx)
+        try:
+            head = stream.start(planned)
+            if head:
+                yield head
+            while True:
+                item = await job.get(self.config.keepalive)
+                if item is None:
+                    yield stream.keepalive()
+                elif isinstance(item, Done):
+                    return
+                elif isinstance(item, ApiError):
+                    yield stream.error(item)
+                elif not isinstance(item, Accepted):
+                    if isinstance(item, Finish):
+                        # before the client sees the end: its next request may name this reply
+                        adapter.remember(turn, job.reply, self.ctx)
+                    frames = stream.event(item)
+                    if frames:
+                        yield frames
+        finally:
+            job.cancel.set()      # a no-op once the job is done; stops it if the client left
+
+    async def messages(self, request: Request) -> Response:
+        return await self._chat(request, anthropic, "anthropic")
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._chat(request, openai_chat, "openai_chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._chat(request, openai_completions, "openai_completions")
+
+    async def responses(self, request: Request) -> Response:
+        return await self._chat(request, openai_responses, "openai_responses")
+
+    async def count_tokens(self, request: Request) -> Response:
+        rid, api = new_id("req_"), "anthropic_count_tokens"
+        try:
+            turn = anthropic.parse(await self._json(request), self.ctx, count_only=True)
+            job = self._submit(lambda s: iter([count_prompt_tokens(s, turn.request)]), _Count, rid, api,
+                               "anthropic")
+            done = await self._next(job, request, lambda i: isinstance(i, Done))
+        except ApiError as e:
+            return self._error("anthropic", e, rid, api)
+        if done is None:
+            return self._gone(api)
+        self.metrics.request(api, 200)
+        return JSONResponse(anthropic.count_body(done.reply.value), headers=self._headers(rid))
+
+    # ---- other endpoints --------------------------------------------------------------------
+    async def models(self, request: Request) -> Response:
+        name = self.ctx.model
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created))
+        entry = {"id": name, "object": "model", "created": self.created, "owned_by": "zen5",
+                 "type": "model", "display_name": name, "created_at": created,
+                 "context_window": self.ctx.n_ctx}
+        return JSONResponse({"object": "list", "data": [entry], "has_more": False,
+                             "first_id": name, "last_id": name})
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": self.ctx.model, "context": self.ctx.n_ctx,
+                             "busy": self.worker.busy, "queue_depth": self.worker.depth,
+                             "version": zen5.__version__})
+
+    async def prometheus(self, request: Request) -> Response:
+        return PlainTextResponse(self.metrics.render(self.worker.depth, self.worker.busy),
+                                 media_type="text/plain; version=0.0.4")
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(openapi_spec(self.ctx.model))
+
+    # ---- cross-cutting ----------------------------------------------------------------------
+    def _auth(self, app):
+        """--api-key: every /v1/ path needs `x-api-key: K` or `Authorization: Bearer K` (clients
+        send either); a 401 comes in the path's protocol shape."""
+        key = self.config.api_key
+
+        async def check(scope, receive, send):
+            if scope["type"] == "http" and key and scope["path"].startswith("/v1/"):
+                headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+                auth = headers.get("authorization", "")
+                given = headers.get("x-api-key") or (auth[7:] if auth.lower().startswith("bearer ") else "")
+                # compared as bytes: a header holds the client's bytes (decoded latin-1 above, so
+                # .encode("latin-1") restores them) and a UTF-8 client sends a non-ASCII key as UTF-8
+                if not secrets.compare_digest(given.strip().encode("latin-1"), key.encode("utf-8")):
+                    err = ApiError(401, "invalid or missing API key: send it as `x-api-key` or "
+                                        "`Authorization: Bearer`")
+                    self.metrics.request("auth", 401)
+                    await error_response(style_for_path(scope["path"]), err, new_id("req_"))(scope, receive, send)
+                    return
+            await app(scope, receive, send)
+        return check
+
+    async def _http_error(self, request: Request, exc: HTTPException) -> Response:
+        msg = {404: f"no such endpoint: {request.method} {request.url.path}",
+               405: f"method {request.method} is not allowed on {request.url.path}"}.get(exc.status_code, exc.detail)
+        return error_response(style_for_path(request.url.path), ApiError(exc.status_code, msg), new_id("req_"))
+
+    async def _crash(self, request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+        err = ApiError(500, f"internal error: {type(exc).__name__}")
+        return error_response(style_for_path(request.url.path), err, new_id("req_"))
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app):
+        self.worker.start()
+        log.info("zen5 %s: serving %s (context %d tokens)", zen5.__version__, self.ctx.model, self.ctx.n_ctx)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(self.shutdown)
+
+    def shutdown(self) -> None:
+        """Drain the queue, save the session (disk checkpoints), close the trace."""
+        log.info("shutting down: finishing %d queued request(s)", self.worker.depth)
+        self.worker.stop()
+        self.session.close()
+        log.info("session state saved")
+        self.tracer.close()
+
+    def app(self) -> Starlette:
+        routes = [
+            Route("/v1/messages", self.messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/responses", self.responses, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", self.prometheus, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
+        ]
+        middleware = [Middleware(HeadProbe), Middleware(lambda app: self._auth(app))]
+        if self.config.cors:
+            middleware.insert(0, Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"],
+                                            allow_headers=["*"], expose_headers=["request-id", "x-request-id"]))
+        return Starlette(routes=routes, middleware=middleware, lifespan=self._lifespan,
+                         exception_handlers={HTTPException: self._http_error, Exception: self._crash})
+
+

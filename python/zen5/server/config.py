@@ -1,0 +1,24 @@
+"""Every `python -m zen5 serve` setting, defaults defined once (the CLI derives its flags)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ServerConfig:
+    model: str = "smollm2"
+    host: str = "127.0.0.1"
+    port: int = 8080
+    threads: int | None = None
+    ctx: int | None = None
+    matmul: str | None = None    # "int8" | "f32" (Engine.load), None: the engine's default
+    kv_type: str | None = None   # "f16" | "f32" | "q8_0" (Engine.load), None: the matmul's default
+    lookup: int | None = None    # guesses per decode step (Engine.load), None: the engine's default
+    api_key: str | None = None
+    cors: bool = False
+    trace: str | None = None
+    queue: int = 16              # requests that may wait while one runs
+    state_dir: str | None = None
+    max_output: int | None = None
+    keepalive: float = 5.0       # seconds between SSE keep-alives while nothing else is sent
+    shutdown_timeout: int = 30   # seconds open streams get to finish on shutdown
