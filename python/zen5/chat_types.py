@@ -145,6 +145,13 @@ class ChatRequest:
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError(f"top_logprobs must be in [0, 20], got {self.logprobs}")
 
+    def text_bytes(self) -> int:
+        """A lower bound on the UTF-8 bytes of any rendering of this request: the message text
+        and tool results, which every dialect writes verbatim (stripped: a template may trim
+        them). Cheap, so an over-long prompt is refused before it is tokenized."""
+        return sum(len((b.text if isinstance(b, TextBlock) else b.content).strip().encode())
+                   for m in self.messages for b in m.blocks if isinstance(b, (TextBlock, ToolResultBlock)))
+
 
 # ---- events --------------------------------------------------------------------------------
 @dataclass(frozen=True)

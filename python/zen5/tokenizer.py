@@ -10,6 +10,7 @@ is tokenized as plain text, so a user typing `<|im_start|>` cannot forge a turn 
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -132,7 +133,7 @@ class Tokenizer:
     # --- use ----------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        return self._hf.encode(text, add_special_tokens=False).ids
+        return _encode(self._hf, text)
 
     def encode_segments(self, segments) -> list[int]:
         """Encode prompt segments (objects with `.text` and `.control`, e.g. dialects.base.Segment).
@@ -150,7 +151,7 @@ class Tokenizer:
     def _encode_plain(self, text: str) -> list[int]:
         if self._plain_hf is None:
             self._plain_hf = _without_added_token_matching(self._hf)
-        return self._plain_hf.encode(text, add_special_tokens=False).ids
+        return _encode(self._plain_hf, text)
 
     def decode(self, ids, skip_special: bool = False) -> str:
         return self._hf.decode(list(ids), skip_special_tokens=skip_special)
@@ -166,6 +167,14 @@ class Tokenizer:
             except KeyError:
                 pass
         return self.decode([token_id]).encode()
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The most bytes one token stands for. A text of B UTF-8 bytes is at least
+        ceil(B / max_token_bytes) tokens (no normalizer shrinks text in the byte-level
+        vocabularies zen5 reads): the server refuses an over-long prompt by this bound before
+        spending time on tokenizing it."""
+        return max(1, max(len(self.token_bytes(i)) for i in range(self.vocab_size)))
 
     def token_to_id(self, token: str) -> int | None:
         return self._hf.token_to_id(token)
@@ -193,6 +202,12 @@ class Tokenizer:
     @property
     def hf(self) -> HFTokenizer:
         return self._hf
+
+
+def _encode(hf: HFTokenizer, text: str) -> list[int]:
+    """`encode_batch` releases the GIL while the Rust side works (`encode` holds it: seconds for
+    a long prompt, during which a server's event loop could not answer anyone)."""
+    return hf.encode_batch([text], add_special_tokens=False)[0].ids
 
 
 def _runs(segments) -> list[tuple[bool, str]]:

@@ -149,7 +149,8 @@ class FakeSession:
     def __init__(self):
         # the engine surface the server uses: its context and the watch over evaluations (the
         # fake never evaluates; the worker still checks cancellation between events)
-        self.engine = SimpleNamespace(n_ctx=4096, watch=lambda check: contextlib.nullcontext())
+        self.engine = SimpleNamespace(n_ctx=4096, watch=lambda check: contextlib.nullcontext(),
+                                      tokenizer=SimpleNamespace(max_token_bytes=16))
         self.requests = []
         self.cancelled = threading.Event()
         self.closed = False

@@ -194,6 +194,57 @@ def test_prompt_over_the_context_is_a_400_in_each_shape(smollm2_server):
     assert requests.get(smollm2_server.url + "/health", timeout=5).ok
 
 
+def test_a_huge_prompt_is_refused_before_tokenizing_and_the_server_stays_live(smollm2_server):
+    """10 MB of text cannot fit 2,048 tokens of context (the longest token is 81 bytes): each API
+    refuses it by that bound, before any tokenizing (which took 13 s with the GIL held, /health
+    waiting all along), and /health answers meanwhile."""
+    huge = "hello world, this is a test " * 360_000          # 10 MB
+    bodies = [("/v1/messages", {"max_tokens": 5, "messages": [{"role": "user", "content": huge}]}),
+              ("/v1/chat/completions", {"messages": [{"role": "user", "content": huge}]}),
+              ("/v1/responses", {"input": huge}), ("/v1/completions", {"prompt": huge}),
+              ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": huge}]})]
+    health = []
+
+    def poll():
+        while len(health) < 1000 and not stop.is_set():
+            t0 = time.monotonic()
+            requests.get(smollm2_server.url + "/health", timeout=30)
+            health.append(time.monotonic() - t0)
+            time.sleep(0.05)
+
+    stop = threading.Event()
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        for path, body in bodies:
+            r = requests.post(smollm2_server.url + path, json={"model": "m", **body}, timeout=120)
+            assert r.status_code == 400, (path, r.text)
+            msg = r.json()["error"]["message"]
+            assert "more than the context of 2048 tokens can hold" in msg and "81 bytes per token" in msg, msg
+    finally:
+        stop.set()
+        poller.join()
+    assert health and max(health) < 2.0, health
+
+
+def test_tokenizing_lets_other_threads_run(smollm2):
+    """The tokenizer releases the GIL while it works, so the server's event loop answers other
+    clients while the worker tokenizes a long prompt (a prompt within the bound can still take
+    seconds)."""
+    text = "hello world, this is a test " * 40_000
+    done, ticks = threading.Event(), []
+    worker = threading.Thread(target=lambda: (smollm2.tokenizer.encode(text), done.set()))
+    t0 = time.monotonic()
+    worker.start()
+    while not done.is_set():
+        time.sleep(0.005)
+        ticks.append(time.monotonic())
+    took = time.monotonic() - t0
+    worker.join()
+    # held GIL: one tick for the whole encode; released: ticks all along
+    assert len(ticks) >= min(20, took / 0.02), (len(ticks), took)
+
+
 def test_unknown_tool_id_and_bad_signature(smollm2_server):
     r = requests.post(smollm2_server.url + "/v1/messages", timeout=60, json={
         "model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [

@@ -29,6 +29,7 @@ class ApiContext:
     model: str
     n_ctx: int
     max_output: int | None = None      # server-side cap on tokens generated per request
+    max_token_bytes: int | None = None  # Tokenizer.max_token_bytes: bounds a prompt before tokenizing
     conversations: ConversationStore = field(default_factory=ConversationStore)
     reasoning: ReasoningMemory = field(default_factory=ReasoningMemory)
 
@@ -39,6 +40,19 @@ class ApiContext:
         if self.max_output:
             n = min(n, self.max_output)
         return max(1, n)
+
+
+    def check_prompt_bytes(self, nbytes: int, param: str) -> None:
+        """Refuse a prompt whose text alone cannot fit the context, before anyone tokenizes it:
+        B bytes are at least B / max_token_bytes tokens. (Tokenizing megabytes takes seconds of
+        worker time and memory for a request that is refused anyway.)"""
+        if self.max_token_bytes is None:
+            return
+        limit = self.n_ctx * self.max_token_bytes
+        if nbytes > limit:
+            raise bad_request(f"{param}: the prompt's text is {nbytes} bytes, more than the context of "
+                              f"{self.n_ctx} tokens can hold (at most {limit} bytes: {self.max_token_bytes} "
+                              "bytes per token at best); shorten it", param=param)
 
 
 def new_id(prefix: str, nbytes: int = 12) -> str:

@@ -79,6 +79,7 @@ def parse(body: dict, ctx: ApiContext, *, count_only: bool = False) -> Turn:
             thinking=thinking, redact_thinking=redact, id_prefix="toolu_")
     except ValueError as e:
         raise bad_request(str(e)) from None
+    ctx.check_prompt_bytes(request.text_bytes(), "messages")
     return Turn(new_id("msg_"), model, get_bool(body, "stream"), request, history, system, threaded)
 
 

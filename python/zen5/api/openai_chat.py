@@ -86,6 +86,7 @@ def parse(body: dict, ctx: ApiContext) -> Turn:
             logprobs=(top_logprobs or 0) if logprobs else None)
     except ValueError as e:
         raise bad_request(str(e)) from None
+    ctx.check_prompt_bytes(request.text_bytes(), "messages")
     include_usage = get_bool(get_obj(body, "stream_options"), "include_usage", "stream_options")
     return Turn(new_id("chatcmpl-"), model, get_bool(body, "stream"), include_usage, request)
 

@@ -80,9 +80,12 @@ def parse(body: dict, ctx: ApiContext) -> Turn:
         raise bad_request("logprobs: at most 20", param="logprobs")
     s = sampling(get_num(body, "temperature", low=0, high=2), get_num(body, "top_p", low=0, high=1),
                  None, get_int(body, "seed"))
+    prompt = _prompt(body.get("prompt"))
+    if isinstance(prompt, str):
+        ctx.check_prompt_bytes(len(prompt.encode()), "prompt")
     return Turn(new_id("cmpl-"), model, get_bool(body, "stream"),
                 get_bool(get_obj(body, "stream_options"), "include_usage", "stream_options"),
-                _prompt(body.get("prompt")), get_bool(body, "echo"),
+                prompt, get_bool(body, "echo"),
                 ctx.max_tokens(get_int(body, "max_tokens", default=DEFAULT_MAX_TOKENS, minimum=1)),
                 get_stop(body, "stop"), logprobs,
                 {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,

@@ -98,6 +98,7 @@ def parse(body: dict, ctx: ApiContext) -> Turn:
             redact_thinking=_ENCRYPTED in include, id_prefix="call_", logprobs=logprobs)
     except ValueError as e:
         raise bad_request(str(e)) from None
+    ctx.check_prompt_bytes(request.text_bytes(), "input")
     echo = {"instructions": instructions, "previous_response_id": prev, "tools": tools_wire,
             "tool_choice": body.get("tool_choice", "auto"), "temperature": body.get("temperature"),
             "top_p": body.get("top_p"), "max_output_tokens": body.get("max_output_tokens"),

@@ -106,7 +106,8 @@ class ZenServer:
         self.metrics = Metrics()
         self.tracer = Tracer(config.trace)
         self.worker = Worker(session, self.metrics, self.tracer, config.queue)
-        self.ctx = ApiContext(model_name, session.engine.n_ctx, config.max_output)
+        self.ctx = ApiContext(model_name, session.engine.n_ctx, config.max_output,
+                              max_token_bytes=session.engine.tokenizer.max_token_bytes)
         self.created = int(time.time())
 
     # ---- plumbing ---------------------------------------------------------------------------
