@@ -514,3 +514,34 @@ def test_custom_tool_input_decodes_incrementally_at_any_split():
     assert dec.feed('{"inp') == "" and dec.feed('ut": "ab') == "ab" and dec.feed('\\u00') == ""
     assert dec.feed('e9"}') == "\u00e9" and dec.feed("more") == ""
     assert _InputStream().feed('{"other": "x"}') == ""  # not a custom input: only .done carries it
+
+
+def _raw_request(srv, head: bytes, body_chunks=(), timeout: float = 10.0) -> bytes:
+    """Send a request by hand (a declared length it never sends, a chunked body that never
+    ends) and return what the server answers first."""
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=timeout) as s:
+        s.sendall(head)
+        try:
+            for chunk in body_chunks:
+                s.sendall(chunk)
+        except OSError:          # the server answered and closed while we were still sending
+            pass
+        return s.recv(65536)
+
+
+def test_an_oversize_body_is_refused_before_it_is_read(fake):
+    """A Content-Length over the 64 MiB limit is a 413 at once, with none of the body sent (it
+    was once buffered whole first); a chunked body is cut off as soon as it passes the limit."""
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            b"content-length: 209715200\r\n\r\n")
+    answer = _raw_request(fake, head)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"over the limit of 67108864" in answer
+
+    head = (b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            b"transfer-encoding: chunked\r\n\r\n")
+    mib = b"x" * (1 << 20)
+    chunks = [b"100000\r\n" + mib + b"\r\n"] * 65        # 65 MiB, and no terminating chunk
+    answer = _raw_request(fake, head, chunks)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert requests.get(fake.url + "/health", timeout=5).ok

@@ -113,10 +113,18 @@ class ZenServer:
     # ---- plumbing ---------------------------------------------------------------------------
     @staticmethod
     async def _json(request: Request) -> dict:
-        raw = await request.body()
-        if len(raw) > MAX_BODY:
-            raise ApiError(413, f"the request body is {len(raw)} bytes, over the limit of {MAX_BODY}")
-        return parse_json_object(raw)
+        """The body as a JSON object. Over MAX_BODY is a 413 before anything is buffered when
+        Content-Length says so, and as soon as the limit is passed when it does not (chunked)."""
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > MAX_BODY:
+            raise ApiError(413, f"the request body is {int(length)} bytes, over the limit of {MAX_BODY}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY:
+                raise ApiError(413, f"the request body is over the limit of {MAX_BODY} bytes")
+            chunks.append(chunk)
+        return parse_json_object(b"".join(chunks))
 
     def _error(self, style: str, err: ApiError, rid: str, api: str) -> Response:
         self.metrics.request(api, err.status)
