@@ -134,7 +134,8 @@ def _cmd_serve(a: argparse.Namespace) -> int:
     return serve(ServerConfig(model=a.model, host=a.host, port=a.port, threads=a.threads, ctx=a.ctx,
                               api_key=a.api_key, cors=a.cors, trace=a.trace, queue=a.queue,
                               state_dir=a.state_dir, max_output=a.max_output, keepalive=a.keepalive,
-                              matmul=a.matmul, kv_type=a.kv_type, lookup=a.lookup))
+                              matmul=a.matmul, kv_type=a.kv_type, lookup=a.lookup,
+                              shutdown_timeout=a.shutdown_timeout))
 
 
 def _add_serve(sub) -> None:
@@ -158,6 +159,9 @@ def _add_serve(sub) -> None:
                    help="cap on tokens generated per request (default: the context)")
     s.add_argument("--keepalive", type=float, default=d.keepalive,
                    help=f"seconds between SSE keep-alives while a stream is quiet (default {d.keepalive:g})")
+    s.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout,
+                   help="seconds running requests get to finish on SIGINT/SIGTERM; a request still running "
+                        f"is then cut short with an error event and its state saved (default {d.shutdown_timeout:g})")
     s.set_defaults(fn=_cmd_serve)
 
 

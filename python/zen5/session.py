@@ -140,11 +140,13 @@ class ChatSession:
     def live_tool_ids(self) -> tuple[str, ...]:
         return self._live.pending if self._live_valid() else ()
 
-    def close(self) -> None:
+    def close(self) -> str:
         """Clean shutdown (a server calls this): save the live state to disk ("shutdown") so a
-        restarted process resumes it. The session stays usable."""
-        if self._live_valid():
-            self._save("shutdown", self._live.text, exact=True)
+        restarted process resumes it. The session stays usable. Returns what it did, in words
+        (for the server's log)."""
+        if not self._live_valid():
+            return "no live state to save (the last request stopped during its prefill, or none ran)"
+        return self._save("shutdown", self._live.text, exact=True)
 
     def _constraint(self, request: ChatRequest, thinking_mode: str) -> TokenConstraint | None:
         """The token mask a request needs (forced or forbidden calls, JSON answers, custom tool
@@ -350,7 +352,14 @@ class ChatSession:
             raise ChatError(400, str(e)) from None
         t1 = time.perf_counter()
         gen = _Generation(self, request, thinking_mode, plan.text, constraint)
-        yield from gen.run()
+        try:
+            yield from gen.run()
+        except BaseException:
+            # Stopped mid-reply (client gone, server shutting down) or failed: the cache holds
+            # the prompt and the tokens sampled so far, exactly. Keep that as the live state, so
+            # a later request can reuse it and close() can save it; it continues no tool call.
+            self._live = _Live(plan.text + tok.decode(gen.evaluated), eng.state_id, (), thinking_mode)
+            raise
         t2 = time.perf_counter()
 
         calls = gen.finished_calls()
@@ -422,24 +431,29 @@ class ChatSession:
             return
         self._save("continued", gen.prompt_text + sampled, exact=True)
 
-    def _save(self, reason: str, expected: str, exact: bool = False) -> None:
+    def _save(self, reason: str, expected: str, exact: bool = False) -> str:
         """Checkpoint the engine's current state as it is (never rolled back for this). The
         stored text is the decoded stored tokens; it must equal (`exact`) or be a prefix of the
         text the caller knows the state renders, else (a boundary that splits a character, a
-        lossy decode) nothing is saved."""
+        lossy decode) nothing is saved. Returns what happened, in words."""
         store, eng = self.checkpoints, self.engine
-        if store is None or eng.n_tokens < store.config.min_tokens or not store.writable:
-            return
+        if store is None or not store.writable:
+            return "checkpoints are off; nothing saved"
+        if eng.n_tokens < store.config.min_tokens:
+            return f"{eng.n_tokens} tokens, under the {store.config.min_tokens} a checkpoint needs; nothing saved"
         text = eng.tokenizer.decode(eng.tokens)
         if (text != expected if exact else not expected.startswith(text)) or text.endswith("\ufffd"):
             log.debug("no %s checkpoint at %d tokens: decoded text does not match", reason, eng.n_tokens)
-            return
+            return f"the {eng.n_tokens} tokens do not decode to their text exactly; nothing saved"
         if store.has(text):
-            return
+            return f"the state ({eng.n_tokens} tokens) is already on disk"
         inside: dict[str, bool] = {}
         tools = [r for r in self.memory.records()
                  if inside.setdefault(r.block_id, bool(r.block_raw) and r.block_raw in text)]
-        store.save(text, eng.tokens, eng.ctx.logits(), eng.snapshot(), eng.n_ctx, reason, tools)
+        entry = store.save(text, eng.tokens, eng.ctx.logits(), eng.snapshot(), eng.n_ctx, reason, tools)
+        if entry is None:
+            return f"the state ({eng.n_tokens} tokens) could not be written (see the log)"
+        return f"saved {eng.n_tokens} tokens as checkpoint {entry.key[:12]} ({reason})"
 
     def _remember_calls(self, calls, gen: "_Generation", thinking_mode: str) -> None:
         if not calls:

@@ -526,7 +526,21 @@ def _raw_request(srv, head: bytes, body_chunks=(), timeout: float = 10.0) -> byt
                 s.sendall(chunk)
         except OSError:          # the server answered and closed while we were still sending
             pass
-        return s.recv(65536)
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < _content_length(answer):
+            piece = s.recv(65536)
+            if not piece:
+                break
+            answer += piece
+        return answer
+
+
+def _content_length(answer: bytes) -> int:
+    head = answer.split(b"\r\n\r\n", 1)[0].lower()
+    for line in head.split(b"\r\n"):
+        if line.startswith(b"content-length:"):
+            return int(line.split(b":", 1)[1])
+    return 0
 
 
 def test_an_oversize_body_is_refused_before_it_is_read(fake):

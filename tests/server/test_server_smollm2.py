@@ -4,8 +4,10 @@ streaming; errors that need the model (over-long prompts, unknown tool IDs, bad 
 overload, disconnect and clean shutdown of a real process."""
 from __future__ import annotations
 
+import json
 import math
 import re
+import signal
 import threading
 import time
 
@@ -346,6 +348,48 @@ def test_clean_shutdown_saves_and_a_restart_resumes_from_disk(tmp_path):
     (first, src1), (second, src2) = usages
     assert src1 == "cold" and src2 == "disk", usages
     assert second["prompt_tokens_details"]["cached_tokens"] >= first["prompt_tokens"] - 64
+
+
+def test_sigterm_during_a_stream_ends_it_cleanly_and_saves_what_was_computed(tmp_path):
+    """SIGTERM while a reply streams: after the grace period (--shutdown-timeout, less a margin)
+    the stream is cut with an error event in its protocol's shape (it once just stopped, with a
+    CancelledError traceback in the log), the prompt and the tokens generated so far are saved
+    (the log once said "saved" when nothing was), and a restart serves that prompt from disk."""
+    facts = " ".join(f"Fact {i}: the sky is blue." for i in range(70))          # ~700 tokens
+    body = {"model": "m", "max_tokens": 1500, "messages": [
+        {"role": "user", "content": facts + " Now write a very long story about the sky, in many chapters."}]}
+    srv = start_server("smollm2", tmp_path, "--threads", "2", "--ctx", "2048", "--shutdown-timeout", "1")
+    r = requests.post(srv.url + "/v1/messages", json={**body, "stream": True}, stream=True, timeout=120)
+    events, lines = [], r.iter_lines(decode_unicode=True)
+    for line in lines:
+        if line.startswith("event: content_block_delta"):
+            break
+    srv.proc.send_signal(signal.SIGTERM)
+    name = None
+    for line in lines:
+        if line.startswith("event:"):
+            name = line[6:].strip()
+        elif line.startswith("data:"):
+            events.append((name, json.loads(line[5:])))
+    assert srv.proc.wait(60) == 0
+    srv.stop()
+    assert events and events[-1][0] == "error", events[-3:]
+    error = events[-1][1]["error"]
+    assert error["type"] == "api_error" and "shutting down" in error["message"]
+    log = srv.log()
+    assert "Traceback" not in log and "CancelledError" not in log, log
+    saved = re.search(r"session: saved (\d+) tokens as checkpoint", log)
+    assert saved, log
+    assert int(saved.group(1)) > 700, "the saved state holds the prompt and the reply so far"
+
+    srv = start_server("smollm2", tmp_path, "--threads", "2", "--ctx", "2048")
+    try:
+        r = requests.post(srv.url + "/v1/messages", json={**body, "max_tokens": 4}, timeout=120)
+        assert r.ok, r.text
+        assert srv.trace()[-1]["cache"]["source"] == "disk"
+        assert r.json()["usage"]["cache_read_input_tokens"] >= 640
+    finally:
+        srv.stop()
 
 
 def test_q8_kv_cache_server_keeps_its_own_checkpoints(tmp_path):

@@ -21,7 +21,7 @@ _TYPES = {
 }
 _KIND_BY_STATUS = {400: "invalid_request", 401: "authentication", 404: "not_found", 405: "not_found",
                    409: "invalid_request", 413: "too_large", 422: "invalid_request", 429: "overloaded",
-                   529: "overloaded"}
+                   503: "server", 529: "overloaded"}
 
 
 class ApiError(Exception):

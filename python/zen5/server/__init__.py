@@ -31,6 +31,18 @@ __all__ = ["ServerConfig", "ZenServer", "model_name", "serve"]
 log = logging.getLogger("zen5.server")
 
 
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server, telling the app when a shutdown begins (it has no hook of its own)."""
+
+    def __init__(self, config: uvicorn.Config, on_exit):
+        super().__init__(config)
+        self.on_exit = on_exit
+
+    def handle_exit(self, sig, frame) -> None:
+        self.on_exit()
+        super().handle_exit(sig, frame)
+
+
 def model_name(model: str) -> str:
     """The name /v1/models reports: a registry name as is, a path by its file or folder name."""
     p = Path(model)
@@ -54,8 +66,9 @@ def serve(config: ServerConfig) -> int:
     # handlers it found: make those no-ops so a clean shutdown exits 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    uvicorn.run(server.app(), host=config.host, port=config.port, log_level="info",
-                timeout_graceful_shutdown=config.shutdown_timeout, access_log=False)
+    _Uvicorn(uvicorn.Config(server.app(), host=config.host, port=config.port, log_level="info",
+                            timeout_graceful_shutdown=config.shutdown_timeout, access_log=False),
+             server.begin_shutdown).run()
     log.info("stopped")
     return 0
 

@@ -109,6 +109,29 @@ class ZenServer:
         self.ctx = ApiContext(model_name, session.engine.n_ctx, config.max_output,
                               max_token_bytes=session.engine.tokenizer.max_token_bytes)
         self.created = int(time.time())
+        self.stop_at: float | None = None   # set when shutdown begins: when running requests are cut
+
+    def begin_shutdown(self) -> None:
+        """The server was asked to stop (SIGINT/SIGTERM; uvicorn then stops accepting and waits
+        up to --shutdown-timeout for open requests). A request still running shortly before
+        that grace period ends is cut here, so it ends cleanly: its stream gets an error event
+        in its protocol's shape (a plain request a 503) instead of a cancelled task, and the
+        session keeps what was computed for the shutdown checkpoint."""
+        if self.stop_at is None:
+            grace = self.config.shutdown_timeout
+            self.stop_at = time.monotonic() + grace - min(2.0, grace / 2)
+            log.info("shutdown requested: running requests get %.1f s to finish", self.stop_at - time.monotonic())
+
+    def _cut_if_stopping(self, job: Job) -> None:
+        if self.stop_at is not None and time.monotonic() >= self.stop_at and not job.cancel.is_set():
+            log.warning("%s: cut short by the shutdown", job.request_id)
+            job.cut = True
+            job.cancel.set()
+
+    @staticmethod
+    def _cut_error() -> ApiError:
+        return ApiError(503, "the server is shutting down: this reply was cut short; send the request again "
+                             "once it is back", kind="server", code="server_shutting_down")
 
     # ---- plumbing ---------------------------------------------------------------------------
     @staticmethod
@@ -141,6 +164,7 @@ class ZenServer:
         checked = time.monotonic()
         while True:
             item = await job.get(0.5)
+            self._cut_if_stopping(job)
             if time.monotonic() - checked >= 0.5:       # events may never pause: check by the clock
                 checked = time.monotonic()
                 if await request.is_disconnected():
@@ -182,6 +206,8 @@ class ZenServer:
             if job is not None:
                 job.cancel.set()
             raise
+        if done is not None and done.cancelled and job.cut:
+            return self._error(style, self._cut_error(), rid, api)
         if done is None or done.cancelled:
             return self._gone(api)
         if done.reply.finish is None:
@@ -197,10 +223,13 @@ class ZenServer:
             if head:
                 yield head
             while True:
-                item = await job.get(self.config.keepalive)
+                item = await job.get(self.config.keepalive if self.stop_at is None else 0.1)
+                self._cut_if_stopping(job)
                 if item is None:
                     yield stream.keepalive()
                 elif isinstance(item, Done):
+                    if item.cancelled and job.cut:
+                        yield stream.error(self._cut_error())
                     return
                 elif isinstance(item, ApiError):
                     yield stream.error(item)
@@ -307,8 +336,7 @@ class ZenServer:
         """Drain the queue, save the session (disk checkpoints), close the trace."""
         log.info("shutting down: finishing %d queued request(s)", self.worker.depth)
         self.worker.stop()
-        self.session.close()
-        log.info("session state saved")
+        log.info("session: %s", self.session.close())
         self.tracer.close()
 
     def app(self) -> Starlette:

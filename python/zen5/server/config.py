@@ -21,4 +21,4 @@ class ServerConfig:
     state_dir: str | None = None
     max_output: int | None = None
     keepalive: float = 5.0       # seconds between SSE keep-alives while nothing else is sent
-    shutdown_timeout: int = 30   # seconds open streams get to finish on shutdown
+    shutdown_timeout: float = 30.0  # seconds running requests get to finish on shutdown

@@ -57,6 +57,7 @@ class Job:
     items: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     reply: object = None      # set by the worker; complete once the Finish event is queued
+    cut: bool = False         # cancelled by the server's shutdown, not by its client
 
     def put(self, item) -> None:
         """Called on the worker thread."""
@@ -81,7 +82,7 @@ class Watch:
         self.t0 = self.last = 0.0
 
     def __call__(self, done: int, total: int) -> None:
-        if self.job.cancel.is_set():
+        if done < total and self.job.cancel.is_set():   # before an evaluation: nothing half-done
             raise Cancelled()
         long = total > Engine.WATCH_CHUNK
         now = time.perf_counter()
