@@ -135,7 +135,8 @@ def _cmd_serve(a: argparse.Namespace) -> int:
                               api_key=a.api_key, cors=a.cors, trace=a.trace, queue=a.queue,
                               state_dir=a.state_dir, max_output=a.max_output, keepalive=a.keepalive,
                               matmul=a.matmul, kv_type=a.kv_type, lookup=a.lookup,
-                              shutdown_timeout=a.shutdown_timeout))
+                              shutdown_timeout=a.shutdown_timeout, allowed_hosts=a.allowed_hosts,
+                              max_connections=a.max_connections, read_timeout=a.read_timeout))
 
 
 def _add_serve(sub) -> None:
@@ -147,8 +148,12 @@ def _add_serve(sub) -> None:
     s.add_argument("--host", default=d.host, help=f"address to bind (default {d.host}: this machine only)")
     s.add_argument("--port", type=int, default=d.port)
     s.add_argument("--api-key", default=d.api_key,
-                   help="require this key (x-api-key or Authorization: Bearer) on /v1/ endpoints")
-    s.add_argument("--cors", action="store_true", help="allow cross-origin requests from any origin")
+                   help="require this key (x-api-key or Authorization: Bearer) on every path but /health")
+    s.add_argument("--cors", action="store_true",
+                   help="allow cross-origin requests from any origin (browsers); without it a foreign Origin is a 403")
+    s.add_argument("--allowed-hosts", metavar="NAMES", default=d.allowed_hosts,
+                   help="more names the Host header may carry, comma-separated, or '*' (default: the bound "
+                        "address, and the loopback names when bound to loopback; any when bound to 0.0.0.0)")
     s.add_argument("--trace", metavar="FILE", default=d.trace,
                    help="append one JSON line per request: rendered prompt, cache decision, parsed output")
     s.add_argument("--queue", type=int, default=d.queue,
@@ -162,6 +167,11 @@ def _add_serve(sub) -> None:
     s.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout,
                    help="seconds running requests get to finish on SIGINT/SIGTERM; a request still running "
                         f"is then cut short with an error event and its state saved (default {d.shutdown_timeout:g})")
+    s.add_argument("--max-connections", type=int, default=d.max_connections,
+                   help=f"open connections at once; more are answered 503 (default {d.max_connections})")
+    s.add_argument("--read-timeout", type=float, default=d.read_timeout,
+                   help="seconds a client may take to send its headers, or between body bytes "
+                        f"(default {d.read_timeout:g})")
     s.set_defaults(fn=_cmd_serve)
 
 

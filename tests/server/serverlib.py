@@ -217,12 +217,13 @@ class InProcessServer:
         import uvicorn
 
         from zen5.server import ServerConfig, ZenServer
+        from zen5.server.connections import uvicorn_config
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.zen = ZenServer(ServerConfig(port=self.port, **config), session, "fake")
-        cfg = uvicorn.Config(self.zen.app(), host="127.0.0.1", port=self.port, log_level="warning",
-                             timeout_graceful_shutdown=5)
+        config = ServerConfig(port=self.port, **config)
+        self.zen = ZenServer(config, session, "fake")
+        cfg = uvicorn_config(self.zen.app(), config, log_level="warning", timeout_graceful_shutdown=5)
         self.server = uvicorn.Server(cfg)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()

@@ -406,7 +406,7 @@ def test_disconnect_cancels_generation(fake):
     fake.session.cancelled.clear()
     body = json.dumps({**CHAT, "messages": [{"role": "user", "content": "slow"}]}).encode()
     with socket.create_connection(("127.0.0.1", fake.port)) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         time.sleep(0.3)
     assert fake.session.cancelled.wait(5)
@@ -559,3 +559,74 @@ def test_an_oversize_body_is_refused_before_it_is_read(fake):
     answer = _raw_request(fake, head, chunks)
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
     assert requests.get(fake.url + "/health", timeout=5).ok
+
+
+def test_foreign_host_and_origin_are_refused_unless_cors():
+    """A web page can POST to a localhost server as text/plain (no preflight) and, through DNS
+    rebinding, read the answer: a foreign Host or Origin is a 403 in the path's error shape
+    (both were once served). Clients that send neither, or our own address, are served; --cors
+    lets browsers in; --allowed-hosts names a proxy's host."""
+    body = json.dumps({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+    srv = InProcessServer(FakeSession())
+    try:
+        assert post(srv, "/v1/messages", body).ok
+        assert post(srv, "/v1/messages", body, Host=f"localhost:{srv.port}").ok
+        rebound = post(srv, "/v1/messages", body, Host=f"attacker.example:{srv.port}")
+        assert rebound.status_code == 403 and rebound.json()["error"]["type"] == "permission_error"
+        page = post(srv, "/v1/chat/completions", body, Origin="https://attacker.example",
+                    **{"content-type": "text/plain"})
+        assert page.status_code == 403 and "--cors" in page.json()["error"]["message"]
+        assert post(srv, "/v1/messages", body, Origin=f"http://127.0.0.1:{srv.port}").ok
+        assert requests.get(srv.url + "/health", headers={"Host": "attacker.example"}, timeout=5).status_code == 403
+    finally:
+        srv.stop()
+    srv = InProcessServer(FakeSession(), cors=True, allowed_hosts="zen5.internal")
+    try:
+        assert post(srv, "/v1/messages", body, Origin="https://app.example").ok
+        assert post(srv, "/v1/messages", body, Host="zen5.internal").ok
+        assert post(srv, "/v1/messages", body, Host="attacker.example").status_code == 403
+    finally:
+        srv.stop()
+
+
+def test_api_key_guards_metrics_and_openapi_but_not_health_or_head():
+    """With --api-key, /metrics and /openapi.json need the key too (they were open); /health
+    (liveness) and the bodiless HEAD probe Claude Code sends first stay open."""
+    srv = InProcessServer(FakeSession(), api_key="sekrit")
+    try:
+        for path in ("/metrics", "/openapi.json", "/v1/models"):
+            assert requests.get(srv.url + path, timeout=5).status_code == 401, path
+            assert requests.get(srv.url + path, headers={"x-api-key": "sekrit"}, timeout=5).ok, path
+        assert requests.get(srv.url + "/health", timeout=5).ok
+        head = requests.head(srv.url + "/", timeout=5)
+        assert head.status_code == 200 and head.content == b""
+    finally:
+        srv.stop()
+
+
+def test_slow_and_idle_clients_are_bounded():
+    """A client that never finishes its headers is dropped after --read-timeout, a body that
+    stops arriving is a 408, and past --max-connections uvicorn answers 503 (slow clients once
+    kept their connections, and the server's memory, forever)."""
+    srv = InProcessServer(FakeSession(), read_timeout=0.5, max_connections=4)
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+            s.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\n")      # and nothing more
+            t0 = time.monotonic()
+            assert s.recv(100) == b""                                           # closed by the server
+            assert time.monotonic() - t0 < 3
+        head = (b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                b"content-length: 100\r\n\r\n")
+        answer = _raw_request(srv, head, [b'{"model": "m"'])
+        assert answer.startswith(b"HTTP/1.1 408") and b"stopped arriving" in answer, answer[:300]
+        idle = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(4)]
+        try:
+            time.sleep(0.1)
+            assert requests.get(srv.url + "/health", timeout=5).status_code == 503
+        finally:
+            for s in idle:
+                s.close()
+        time.sleep(0.2)
+        assert requests.get(srv.url + "/health", timeout=5).ok
+    finally:
+        srv.stop()

@@ -14,13 +14,14 @@ from starlette.responses import JSONResponse
 _TYPES = {
     "invalid_request": ("invalid_request_error", "invalid_request_error"),
     "authentication": ("authentication_error", "authentication_error"),
+    "permission": ("permission_error", "permission_error"),
     "not_found": ("not_found_error", "invalid_request_error"),
     "too_large": ("request_too_large", "invalid_request_error"),
     "overloaded": ("overloaded_error", "rate_limit_error"),
     "server": ("api_error", "server_error"),
 }
-_KIND_BY_STATUS = {400: "invalid_request", 401: "authentication", 404: "not_found", 405: "not_found",
-                   409: "invalid_request", 413: "too_large", 422: "invalid_request", 429: "overloaded",
+_KIND_BY_STATUS = {400: "invalid_request", 401: "authentication", 403: "permission", 404: "not_found",
+                   405: "not_found", 408: "invalid_request", 409: "invalid_request", 413: "too_large", 422: "invalid_request", 429: "overloaded",
                    503: "server", 529: "overloaded"}
 
 

@@ -11,6 +11,8 @@ then calls `session.close()` (disk checkpoints are saved there).
     config.py   ServerConfig: every setting, defined once
     app.py      routes, handlers, guards (auth, body limit)
     worker.py   the thread that owns the session; jobs, cancellation
+    guards.py   Host/Origin checks, the HEAD probe, the API key
+    connections.py  uvicorn settings; connection cap and read timeouts
     metrics.py  /metrics counters          tracing.py  --trace FILE
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ from zen5.checkpoints import CheckpointStore
 from zen5.engine import Engine
 from zen5.server.app import ZenServer
 from zen5.server.config import ServerConfig
+from zen5.server.connections import uvicorn_config
 from zen5.session import ChatSession
 
 __all__ = ["ServerConfig", "ZenServer", "model_name", "serve"]
@@ -66,9 +69,7 @@ def serve(config: ServerConfig) -> int:
     # handlers it found: make those no-ops so a clean shutdown exits 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    _Uvicorn(uvicorn.Config(server.app(), host=config.host, port=config.port, log_level="info",
-                            timeout_graceful_shutdown=config.shutdown_timeout, access_log=False),
-             server.begin_shutdown).run()
+    _Uvicorn(uvicorn_config(server.app(), config), server.begin_shutdown).run()
     log.info("stopped")
     return 0
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 
 from starlette.applications import Starlette
@@ -28,6 +27,7 @@ from zen5.api.openapi import openapi_spec
 from zen5.chat_types import (Finish, RedactedThinkingBlock, TextBlock, ThinkingBlock, ToolResultBlock,
                              ToolUseBlock, Usage)
 from zen5.server.config import ServerConfig
+from zen5.server.guards import Guard
 from zen5.server.metrics import Metrics
 from zen5.server.tracing import Tracer
 from zen5.server.worker import Accepted, Done, Job, Worker
@@ -81,22 +81,6 @@ def count_prompt_tokens(session, request) -> int:
     return len(session.engine.tokenizer.encode_segments(segments))
 
 
-class HeadProbe:
-    """Answer `HEAD` on any path with 200 and no body: Claude Code probes `HEAD /` or
-    `HEAD /api/hello` before its first request."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["method"] == "HEAD":
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-length", b"0")]})
-            await send({"type": "http.response.body", "body": b""})
-            return
-        await self.app(scope, receive, send)
-
-
 class ZenServer:
     """Routes, handlers and lifecycle around one Worker."""
 
@@ -134,15 +118,23 @@ class ZenServer:
                              "once it is back", kind="server", code="server_shutting_down")
 
     # ---- plumbing ---------------------------------------------------------------------------
-    @staticmethod
-    async def _json(request: Request) -> dict:
+    async def _json(self, request: Request) -> dict:
         """The body as a JSON object. Over MAX_BODY is a 413 before anything is buffered when
-        Content-Length says so, and as soon as the limit is passed when it does not (chunked)."""
+        Content-Length says so, and as soon as the limit is passed when it does not (chunked);
+        a body that stops arriving for --read-timeout seconds is a 408."""
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > MAX_BODY:
             raise ApiError(413, f"the request body is {int(length)} bytes, over the limit of {MAX_BODY}")
         chunks, size = [], 0
-        async for chunk in request.stream():
+        body = request.stream().__aiter__()
+        while True:
+            try:
+                chunk = await asyncio.wait_for(body.__anext__(), self.config.read_timeout)
+            except StopAsyncIteration:
+                break
+            except asyncio.TimeoutError:
+                raise ApiError(408, f"the request body stopped arriving for {self.config.read_timeout:g} s "
+                                    f"after {size} bytes") from None
             size += len(chunk)
             if size > MAX_BODY:
                 raise ApiError(413, f"the request body is over the limit of {MAX_BODY} bytes")
@@ -291,28 +283,7 @@ class ZenServer:
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(openapi_spec(self.ctx.model))
 
-    # ---- cross-cutting ----------------------------------------------------------------------
-    def _auth(self, app):
-        """--api-key: every /v1/ path needs `x-api-key: K` or `Authorization: Bearer K` (clients
-        send either); a 401 comes in the path's protocol shape."""
-        key = self.config.api_key
-
-        async def check(scope, receive, send):
-            if scope["type"] == "http" and key and scope["path"].startswith("/v1/"):
-                headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-                auth = headers.get("authorization", "")
-                given = headers.get("x-api-key") or (auth[7:] if auth.lower().startswith("bearer ") else "")
-                # compared as bytes: a header holds the client's bytes (decoded latin-1 above, so
-                # .encode("latin-1") restores them) and a UTF-8 client sends a non-ASCII key as UTF-8
-                if not secrets.compare_digest(given.strip().encode("latin-1"), key.encode("utf-8")):
-                    err = ApiError(401, "invalid or missing API key: send it as `x-api-key` or "
-                                        "`Authorization: Bearer`")
-                    self.metrics.request("auth", 401)
-                    await error_response(style_for_path(scope["path"]), err, new_id("req_"))(scope, receive, send)
-                    return
-            await app(scope, receive, send)
-        return check
-
+    # ---- errors and lifecycle ---------------------------------------------------------------
     async def _http_error(self, request: Request, exc: HTTPException) -> Response:
         msg = {404: f"no such endpoint: {request.method} {request.url.path}",
                405: f"method {request.method} is not allowed on {request.url.path}"}.get(exc.status_code, exc.detail)
@@ -351,7 +322,7 @@ class ZenServer:
             Route("/metrics", self.prometheus, methods=["GET"]),
             Route("/openapi.json", self.openapi, methods=["GET"]),
         ]
-        middleware = [Middleware(HeadProbe), Middleware(lambda app: self._auth(app))]
+        middleware = [Middleware(Guard, config=self.config, metrics=self.metrics)]
         if self.config.cors:
             middleware.insert(0, Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"],
                                             allow_headers=["*"], expose_headers=["request-id", "x-request-id"]))
