@@ -213,17 +213,14 @@ class ChatSession:
     def _assistant(self, m: Message, thinking_mode: str, diags: list[str]) -> dict:
         reasoning, content, calls = [], [], []
         for b in m.blocks:
-            if isinstance(b, ThinkingBlock):
-                if self.signer.verify(b.text, b.signature):
-                    reasoning.append(b.text)
-                else:
-                    diags.append("thinking block without a valid signature: rendered without it")
-            elif isinstance(b, RedactedThinkingBlock):
-                text = self.signer.decrypt(b.data)
-                if text is None:
-                    diags.append("redacted thinking that is not ours or was altered: dropped")
-                else:
+            if isinstance(b, (ThinkingBlock, RedactedThinkingBlock)):
+                text = self.signer.proven_text(b)
+                if text is not None:
                     reasoning.append(text)
+                elif isinstance(b, ThinkingBlock):
+                    diags.append("thinking block without a valid signature: rendered without it")
+                else:
+                    diags.append("redacted thinking that is not ours or was altered: dropped")
             elif isinstance(b, TextBlock):
                 content.append(b.text)
             elif isinstance(b, ToolUseBlock):

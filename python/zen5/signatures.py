@@ -6,7 +6,9 @@ carries a signature, an HMAC-SHA256 over (model identity, exact text) keyed by a
 secret stored beside the cache. A missing, altered or foreign signature degrades only that
 message to canonical rendering. In redaction mode the thinking is returned as an opaque blob,
 AES-GCM authenticated encryption (from `cryptography`) of the text with the model identity as
-associated data, and decrypted on replay.
+associated data, and decrypted on replay. A block that proves nothing (forged, foreign, or
+opaque bytes we never issued) is dropped from the prompt, and so from what the server stores
+(`drop_unproven_thinking`).
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from zen5.chat_types import Message, RedactedThinkingBlock, ThinkingBlock
 
 SECRET_FILE = "thinking.key"
 _SIG_PREFIX = "z5s1."   # format marker: lets a future key rotation or scheme change be detected
@@ -85,3 +89,23 @@ class ThinkingSigner:
             return self._aead.decrypt(raw[:12], raw[12:], self.model_id.encode()).decode()
         except (ValueError, InvalidTag, UnicodeDecodeError):
             return None
+
+    def proven_text(self, block: ThinkingBlock | RedactedThinkingBlock) -> str | None:
+        """The thinking text a replayed block proves we produced (its signature verifies, or its
+        blob decrypts), or None: the prompt is rendered without that block."""
+        if isinstance(block, RedactedThinkingBlock):
+            return self.decrypt(block.data)
+        return block.text if self.verify(block.text, block.signature) else None
+
+
+def drop_unproven_thinking(messages: tuple[Message, ...], signer: ThinkingSigner) -> tuple[Message, ...]:
+    """The messages without the thinking blocks their prompt drops: what a conversation store
+    keeps. A client may send up to a whole request body of opaque `encrypted_content` per request;
+    the prompt never reads it, so holding it past its request would only grow the store. The
+    rendering is unchanged: a message emptied this way renders as it did with the dropped block."""
+    out = []
+    for m in messages:
+        kept = tuple(b for b in m.blocks if not isinstance(b, (ThinkingBlock, RedactedThinkingBlock))
+                     or signer.proven_text(b) is not None)
+        out.append(m if len(kept) == len(m.blocks) else Message(m.role, kept))
+    return tuple(out)
