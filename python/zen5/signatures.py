@@ -16,12 +16,12 @@ import base64
 import hashlib
 import hmac
 import os
-from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from zen5.chat_types import Message, RedactedThinkingBlock, ThinkingBlock
+from zen5.private_files import PRIVATE_FILE, make_private_dir
 
 SECRET_FILE = "thinking.key"
 _SIG_PREFIX = "z5s1."   # format marker: lets a future key rotation or scheme change be detected
@@ -29,9 +29,10 @@ _BLOB_PREFIX = "z5e1."
 
 
 def load_or_create_secret(directory: str | os.PathLike) -> bytes:
-    """32 random bytes kept in DIR/thinking.key (mode 0600), created atomically on first use."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
+    """32 random bytes kept in DIR/thinking.key (mode 0600, DIR 0700 when created here), created
+    atomically on first use. Raises OSError when DIR cannot hold a new key (read-only, not a
+    directory): the session then keeps one in memory."""
+    d = make_private_dir(directory)
     path = d / SECRET_FILE
     try:
         data = path.read_bytes()
@@ -40,7 +41,7 @@ def load_or_create_secret(directory: str | os.PathLike) -> bytes:
     except FileNotFoundError:
         pass
     tmp = d / f".{SECRET_FILE}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
     with os.fdopen(fd, "wb") as f:
         f.write(os.urandom(32))
     try:
