@@ -690,7 +690,9 @@ def serve(config: ServerConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = ServingEngine.load(config.model, threads=config.threads, ctx=config.ctx, matmul=config.matmul,
                                  kv_type=config.kv_type, lookup=config.lookup)
-    session = ChatSession(engine, state_dir=config.state_dir, **_checkpoint_store(config, engine))
+    session = ChatSession(engine, state_dir=config.state_dir)
+    if session.keeps_state:   # else it said in one line that it runs without disk state
+        session.use_checkpoints(_checkpoint_store(config, engine).get("checkpoints"))
     server = ZenServer(config, session, model_name(config.model))
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal under the
     # handlers it found: make those no-ops so a clean shutdown exits 0.

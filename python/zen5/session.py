@@ -34,6 +34,7 @@ mask built from the dialect's own output syntax (constraints.py); malformed dema
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -118,12 +119,33 @@ class ChatSession:
         self.memory = tool_memory or ToolMemory()
         state = Path(state_dir) if state_dir else Path.home() / ".cache" / "zen5"
         model_id = f"{engine.native.fingerprint:016x}"
-        self.signer = ThinkingSigner(load_or_create_secret(state), model_id)
+        self.signer = ThinkingSigner(self._secret(state), model_id)
         self.syntax_greedy = syntax_greedy
         self._live: _Live | None = None
-        self.checkpoints = checkpoints   # None: no disk cache
+        self.checkpoints: CheckpointStore | None = None   # None: no disk cache
         if checkpoints is not None:
-            checkpoints.attach(engine.native.fingerprint)
+            self.use_checkpoints(checkpoints)
+
+    def _secret(self, state: Path) -> bytes:
+        """The per-install thinking key. A state directory that cannot hold one (read-only, not
+        a directory) is no reason to refuse to serve: keep a key in memory, and run without disk
+        state (`keeps_state` False: no checkpoints either), said in one line."""
+        self.keeps_state = True
+        try:
+            return load_or_create_secret(state)
+        except OSError as e:
+            self.keeps_state = False
+            log.warning("state directory %s cannot hold the thinking key (%s): running with a key held "
+                        "in memory (thinking signatures and encrypted reasoning will not verify after a "
+                        "restart) and without disk checkpoints", state, e.strerror or e)
+            return os.urandom(32)
+
+    def use_checkpoints(self, store: CheckpointStore | None) -> None:
+        """Serve from and save to this disk cache (bound to the model here); ignored without
+        disk state (see `_secret`)."""
+        if store is not None and self.keeps_state:
+            store.attach(self.engine.native.fingerprint)
+            self.checkpoints = store
 
     # ---- public -----------------------------------------------------------------------------
     def chat(self, request: ChatRequest) -> Planned:
