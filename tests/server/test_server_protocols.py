@@ -411,6 +411,30 @@ def test_openai_bad_input_shapes(fake, path, body, fragment):
     assert set(err) == {"message", "type", "param", "code"}
 
 
+@pytest.mark.parametrize("path,field,base", [("/v1/chat/completions", "stop", CHAT),
+                                              ("/v1/completions", "stop", {"model": "m", "prompt": "hi"}),
+                                              ("/v1/messages", "stop_sequences", ANTHROPIC)])
+def test_stop_strings_are_bounded(fake, path, field, base):
+    """Issue 19 (security): the number of stop strings, and their length, had no bound (each is
+    matched at every sampled token). Past the limits: a 400 in the protocol's shape naming the
+    limit and the field. (Responses has no stop field.)"""
+    from zen5.api.fields import MAX_STOP_CHARS, MAX_STOP_STRINGS, get_stop
+    for value, param, says in (
+            ([f"s{i}" for i in range(MAX_STOP_STRINGS + 1)], field, f"at most {MAX_STOP_STRINGS} stop strings"),
+            (["ok", "x" * (MAX_STOP_CHARS + 1)], f"{field}[1]", f"at most {MAX_STOP_CHARS} characters"),
+            ("x" * (MAX_STOP_CHARS + 1), field, f"at most {MAX_STOP_CHARS} characters")):
+        r = post(fake, path, {**base, field: value})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and says in err["message"] and param in err["message"]
+        if path != "/v1/messages":
+            assert err["param"] == param
+    at_limit = ["x" * MAX_STOP_CHARS] * MAX_STOP_STRINGS
+    assert get_stop({field: at_limit}, field) == tuple(at_limit)
+    if path != "/v1/completions":                      # the scripted session serves chat turns only
+        assert post(fake, path, {**base, field: at_limit}).status_code == 200
+
+
 def test_session_refusals_map_to_protocol_errors(fake):
     r = post(fake, "/v1/messages", {**ANTHROPIC, "messages": [{"role": "user", "content": "unknown-id"}]})
     assert r.status_code == 400 and "replay the full history" in r.json()["error"]["message"]
