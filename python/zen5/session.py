@@ -109,6 +109,19 @@ def prompt_response_format(request: ChatRequest) -> dict | None:
     return {"type": "json_schema", "json_schema": spec}
 
 
+def _thinking_secret(state: Path) -> bytes | None:
+    """The per-install thinking key from the state directory, or None where the directory cannot
+    hold one (read-only, not a directory). That is no reason to refuse to serve: the session then
+    keeps a key in memory and runs without disk state, said in one line."""
+    try:
+        return load_or_create_secret(state)
+    except OSError as e:
+        log.warning("state directory %s cannot hold the thinking key (%s): running with a key held "
+                    "in memory (thinking signatures and encrypted reasoning will not verify after a "
+                    "restart) and without disk checkpoints", state, e.strerror or e)
+        return None
+
+
 class ChatSession:
     def __init__(self, engine: Engine, dialect: str | None = None, *,
                  state_dir: str | Path | None = None, tool_memory: ToolMemory | None = None,
@@ -119,30 +132,18 @@ class ChatSession:
         self.memory = tool_memory or ToolMemory()
         state = Path(state_dir) if state_dir else Path.home() / ".cache" / "zen5"
         model_id = f"{engine.native.fingerprint:016x}"
-        self.signer = ThinkingSigner(self._secret(state), model_id)
+        secret = _thinking_secret(state)
+        self.keeps_state = secret is not None      # False: no disk state at all (no checkpoints)
+        self.signer = ThinkingSigner(secret or os.urandom(32), model_id)
         self.syntax_greedy = syntax_greedy
         self._live: _Live | None = None
         self.checkpoints: CheckpointStore | None = None   # None: no disk cache
         if checkpoints is not None:
             self.use_checkpoints(checkpoints)
 
-    def _secret(self, state: Path) -> bytes:
-        """The per-install thinking key. A state directory that cannot hold one (read-only, not
-        a directory) is no reason to refuse to serve: keep a key in memory, and run without disk
-        state (`keeps_state` False: no checkpoints either), said in one line."""
-        self.keeps_state = True
-        try:
-            return load_or_create_secret(state)
-        except OSError as e:
-            self.keeps_state = False
-            log.warning("state directory %s cannot hold the thinking key (%s): running with a key held "
-                        "in memory (thinking signatures and encrypted reasoning will not verify after a "
-                        "restart) and without disk checkpoints", state, e.strerror or e)
-            return os.urandom(32)
-
     def use_checkpoints(self, store: CheckpointStore | None) -> None:
         """Serve from and save to this disk cache (bound to the model here); ignored without
-        disk state (see `_secret`)."""
+        disk state (see `_thinking_secret`)."""
         if store is not None and self.keeps_state:
             store.attach(self.engine.native.fingerprint)
             self.checkpoints = store
