@@ -3,6 +3,7 @@ with a reason when their weights are absent; tests that use them carry the `mode
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +26,27 @@ def pytest_terminal_summary(terminalreporter):
     """Say which ISA tiers this run covered and which it could not, and why."""
     untested = ", ".join(f"{t} ({why})" for t, why in UNTESTED.items()) or "none"
     terminalreporter.write_line(f"ISA tiers tested: {', '.join(TIERS)}; not tested here: {untested}")
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(opts, name) -> a real tmpfs at tmp_path/name (e.g. "size=1m" for a full disk, "ro"
+    for a read-only directory that root cannot write either); needs root and mount permission,
+    skips otherwise. Unmounted after the test."""
+    mounts = []
+
+    def mount(opts: str, name: str | None = None) -> Path:
+        d = tmp_path / (name or f"tmpfs{len(mounts)}")
+        d.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(d)], capture_output=True)
+        if r.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+        mounts.append(d)
+        return d
+
+    yield mount
+    for d in mounts:
+        subprocess.run(["umount", str(d)])
 
 
 def _smollm2_path() -> str:

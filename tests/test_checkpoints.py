@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -246,25 +247,6 @@ def test_full_disk_degrades_to_no_disk_cache(tmp_path, caplog, monkeypatch):
     assert save(st, "still paused") is None                            # until retry_after_s
 
 
-@pytest.fixture
-def tmpfs(tmp_path):
-    """A real 1 MiB tmpfs (needs root and mount permission; skips otherwise)."""
-    mounts = []
-
-    def mount(opts: str) -> Path:
-        d = tmp_path / f"tmpfs{len(mounts)}"
-        d.mkdir()
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(d)], capture_output=True)
-        if r.returncode:
-            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-        mounts.append(d)
-        return d
-
-    yield mount
-    for d in mounts:
-        subprocess.run(["umount", str(d)])
-
-
 def test_full_tmpfs_and_read_only_dir(tmpfs, tmp_path, caplog):
     caplog.set_level(logging.WARNING, "zen5.checkpoints")
     small = store_at(tmpfs("size=1m"))
@@ -282,6 +264,23 @@ def test_unusable_directory_disables_the_store(tmp_path, caplog):
     st = store_at(tmp_path / "a_file" / "checkpoints")
     assert not st.enabled and not st.writable and "disabled" in caplog.text
     assert st.lookup("anything") == [] and save(st, "anything") is None and st.tool_records(["x"]) == []
+
+
+def test_checkpoint_files_and_the_directories_made_for_them_are_private(tmp_path):
+    """Issue 19 (security): checkpoints hold rendered prompts in clear text, and were created 0644
+    in 0755 directories. Files are 0600 and every directory the store creates 0700 (under the
+    usual umask 022); a directory that already exists keeps its mode."""
+    mode = lambda p: stat.S_IMODE(os.stat(p).st_mode)   # noqa: E731
+    (tmp_path / "shared").mkdir(mode=0o755)
+    old = os.umask(0o022)
+    try:
+        e = save(store_at(tmp_path / "shared" / "state" / "checkpoints" / "model"), "a private prompt")
+    finally:
+        os.umask(old)
+    assert mode(e.path) == 0o600
+    assert [mode(tmp_path / "shared" / d) for d in ("state", "state/checkpoints", "state/checkpoints/model")] \
+        == [0o700] * 3
+    assert mode(tmp_path / "shared") == 0o755
 
 
 # ---- budget and eviction ---------------------------------------------------------------------

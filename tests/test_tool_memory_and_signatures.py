@@ -66,6 +66,18 @@ def test_signatures(tmp_path):
     assert not ThinkingSigner(os.urandom(32), "model-a").verify("I think therefore I am.", sig)  # other install
 
 
+def test_key_directory_is_private(tmp_path):
+    """Issue 19 (security): the key's directory, when created here, is 0700 (it was 0755), and so
+    are the missing parents created with it."""
+    old = os.umask(0o022)
+    try:
+        load_or_create_secret(tmp_path / "home" / "state")
+    finally:
+        os.umask(old)
+    assert [stat.S_IMODE(os.stat(tmp_path / d).st_mode) for d in ("home", "home/state")] == [0o700, 0o700]
+    assert stat.S_IMODE(os.stat(tmp_path / "home" / "state" / "thinking.key").st_mode) == 0o600
+
+
 def test_encryption_round_trip_and_tamper(tmp_path):
     s = ThinkingSigner(load_or_create_secret(tmp_path), "m")
     blob = s.encrypt("secret reasoning ✓")

@@ -11,7 +11,8 @@ The directory is disposable: every file is checked before it is trusted, and a f
 check (truncated, corrupted, other model, old format) is ignored and removed with a warning,
 never restored. A full disk or an unwritable directory degrades to no disk cache with a warning;
 the request being served always succeeds. Keep one directory per model: files of another model
-found in it are removed as foreign.
+found in it are removed as foreign. Files are 0600 and the directories the store creates 0700
+(private_files.py): a checkpoint holds its prompt in clear text.
 
 File format, version 1 (all integers little-endian)
 ====================================================
@@ -61,7 +62,6 @@ default: after a power cut a file can at worst fail its checks and be removed.
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import logging
 import math
@@ -76,6 +76,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from zen5.private_files import PRIVATE_FILE, make_private_dir
 from zen5.tool_memory import ToolRecord
 
 log = logging.getLogger(__name__)
@@ -344,9 +345,7 @@ class CheckpointStore:
 
     def _open_dir(self) -> bool:
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            if not self.dir.is_dir():
-                raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(self.dir))
+            make_private_dir(self.dir)          # checkpoints hold prompts in clear text
         except OSError as e:
             log.warning("disk checkpoints disabled: cannot use %s (%s)", self.dir, e)
             return False
@@ -588,7 +587,7 @@ class CheckpointStore:
         tmp = self.dir / f".{key}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         crc = zlib.crc32(crc_head)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
             try:
                 for i, p in enumerate(parts):
                     _write_all(fd, p)

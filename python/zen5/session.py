@@ -34,6 +34,7 @@ mask built from the dialect's own output syntax (constraints.py); malformed dema
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -108,6 +109,19 @@ def prompt_response_format(request: ChatRequest) -> dict | None:
     return {"type": "json_schema", "json_schema": spec}
 
 
+def _thinking_secret(state: Path) -> bytes | None:
+    """The per-install thinking key from the state directory, or None where the directory cannot
+    hold one (read-only, not a directory). That is no reason to refuse to serve: the session then
+    keeps a key in memory and runs without disk state, said in one line."""
+    try:
+        return load_or_create_secret(state)
+    except OSError as e:
+        log.warning("state directory %s cannot hold the thinking key (%s): running with a key held "
+                    "in memory (thinking signatures and encrypted reasoning will not verify after a "
+                    "restart) and without disk checkpoints", state, e.strerror or e)
+        return None
+
+
 class ChatSession:
     def __init__(self, engine: Engine, dialect: str | None = None, *,
                  state_dir: str | Path | None = None, tool_memory: ToolMemory | None = None,
@@ -118,12 +132,21 @@ class ChatSession:
         self.memory = tool_memory or ToolMemory()
         state = Path(state_dir) if state_dir else Path.home() / ".cache" / "zen5"
         model_id = f"{engine.native.fingerprint:016x}"
-        self.signer = ThinkingSigner(load_or_create_secret(state), model_id)
+        secret = _thinking_secret(state)
+        self.keeps_state = secret is not None      # False: no disk state at all (no checkpoints)
+        self.signer = ThinkingSigner(secret or os.urandom(32), model_id)
         self.syntax_greedy = syntax_greedy
         self._live: _Live | None = None
-        self.checkpoints = checkpoints   # None: no disk cache
+        self.checkpoints: CheckpointStore | None = None   # None: no disk cache
         if checkpoints is not None:
-            checkpoints.attach(engine.native.fingerprint)
+            self.use_checkpoints(checkpoints)
+
+    def use_checkpoints(self, store: CheckpointStore | None) -> None:
+        """Serve from and save to this disk cache (bound to the model here); ignored without
+        disk state (see `_thinking_secret`)."""
+        if store is not None and self.keeps_state:
+            store.attach(self.engine.native.fingerprint)
+            self.checkpoints = store
 
     # ---- public -----------------------------------------------------------------------------
     def chat(self, request: ChatRequest) -> Planned:
@@ -215,17 +238,14 @@ class ChatSession:
     def _assistant(self, m: Message, thinking_mode: str, diags: list[str]) -> dict:
         reasoning, content, calls = [], [], []
         for b in m.blocks:
-            if isinstance(b, ThinkingBlock):
-                if self.signer.verify(b.text, b.signature):
-                    reasoning.append(b.text)
-                else:
-                    diags.append("thinking block without a valid signature: rendered without it")
-            elif isinstance(b, RedactedThinkingBlock):
-                text = self.signer.decrypt(b.data)
-                if text is None:
-                    diags.append("redacted thinking that is not ours or was altered: dropped")
-                else:
+            if isinstance(b, (ThinkingBlock, RedactedThinkingBlock)):
+                text = self.signer.proven_text(b)
+                if text is not None:
                     reasoning.append(text)
+                elif isinstance(b, ThinkingBlock):
+                    diags.append("thinking block without a valid signature: rendered without it")
+                else:
+                    diags.append("redacted thinking that is not ours or was altered: dropped")
             elif isinstance(b, TextBlock):
                 content.append(b.text)
             elif isinstance(b, ToolUseBlock):

@@ -6,7 +6,9 @@ carries a signature, an HMAC-SHA256 over (model identity, exact text) keyed by a
 secret stored beside the cache. A missing, altered or foreign signature degrades only that
 message to canonical rendering. In redaction mode the thinking is returned as an opaque blob,
 AES-GCM authenticated encryption (from `cryptography`) of the text with the model identity as
-associated data, and decrypted on replay.
+associated data, and decrypted on replay. A block that proves nothing (forged, foreign, or
+opaque bytes we never issued) is dropped from the prompt, and so from what the server stores
+(`drop_unproven_thinking`).
 """
 from __future__ import annotations
 
@@ -14,10 +16,12 @@ import base64
 import hashlib
 import hmac
 import os
-from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from zen5.chat_types import Message, RedactedThinkingBlock, ThinkingBlock
+from zen5.private_files import PRIVATE_FILE, make_private_dir
 
 SECRET_FILE = "thinking.key"
 _SIG_PREFIX = "z5s1."   # format marker: lets a future key rotation or scheme change be detected
@@ -25,9 +29,10 @@ _BLOB_PREFIX = "z5e1."
 
 
 def load_or_create_secret(directory: str | os.PathLike) -> bytes:
-    """32 random bytes kept in DIR/thinking.key (mode 0600), created atomically on first use."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
+    """32 random bytes kept in DIR/thinking.key (mode 0600, DIR 0700 when created here), created
+    atomically on first use. Raises OSError when DIR cannot hold a new key (read-only, not a
+    directory): the session then keeps one in memory."""
+    d = make_private_dir(directory)
     path = d / SECRET_FILE
     try:
         data = path.read_bytes()
@@ -36,7 +41,7 @@ def load_or_create_secret(directory: str | os.PathLike) -> bytes:
     except FileNotFoundError:
         pass
     tmp = d / f".{SECRET_FILE}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
     with os.fdopen(fd, "wb") as f:
         f.write(os.urandom(32))
     try:
@@ -85,3 +90,23 @@ class ThinkingSigner:
             return self._aead.decrypt(raw[:12], raw[12:], self.model_id.encode()).decode()
         except (ValueError, InvalidTag, UnicodeDecodeError):
             return None
+
+    def proven_text(self, block: ThinkingBlock | RedactedThinkingBlock) -> str | None:
+        """The thinking text a replayed block proves we produced (its signature verifies, or its
+        blob decrypts), or None: the prompt is rendered without that block."""
+        if isinstance(block, RedactedThinkingBlock):
+            return self.decrypt(block.data)
+        return block.text if self.verify(block.text, block.signature) else None
+
+
+def drop_unproven_thinking(messages: tuple[Message, ...], signer: ThinkingSigner) -> tuple[Message, ...]:
+    """The messages without the thinking blocks their prompt drops: what a conversation store
+    keeps. A client may send up to a whole request body of opaque `encrypted_content` per request;
+    the prompt never reads it, so holding it past its request would only grow the store. The
+    rendering is unchanged: a message emptied this way renders as it did with the dropped block."""
+    out = []
+    for m in messages:
+        kept = tuple(b for b in m.blocks if not isinstance(b, (ThinkingBlock, RedactedThinkingBlock))
+                     or signer.proven_text(b) is not None)
+        out.append(m if len(kept) == len(m.blocks) else Message(m.role, kept))
+    return tuple(out)

@@ -138,6 +138,16 @@ def _token(text: str) -> SampledToken:
     return SampledToken(text, text.encode(), -0.5, ((text, text.encode(), -0.5), ("x", b"x", -2.0)))
 
 
+class FakeSigner:
+    """Proves what FakeSession issues (signature "z5s1.sig", blob "z5e1.blob" for its thinking
+    "Let me check."), so stored conversations keep exactly what a real session would."""
+
+    @staticmethod
+    def proven_text(block) -> str | None:
+        ours = getattr(block, "signature", None) == "z5s1.sig" or getattr(block, "data", None) == "z5e1.blob"
+        return "Let me check." if ours else None
+
+
 class FakeSession:
     """Answers by the last user text: "tool" -> thinking, text and a get_weather call; "slow" ->
     200 slow text deltas; "wait" -> a pause before the first event; "breaks" -> text with
@@ -151,6 +161,7 @@ class FakeSession:
         # fake never evaluates; the worker still checks cancellation between events)
         self.engine = SimpleNamespace(n_ctx=4096, watch=lambda check: contextlib.nullcontext(),
                                       tokenizer=SimpleNamespace(max_token_bytes=16))
+        self.signer = FakeSigner()
         self.requests = []
         self.cancelled = threading.Event()
         self.closed = False

@@ -243,6 +243,61 @@ def test_anthropic_sdk_tool_runner(fake, thread):
     assert any(isinstance(b, ToolUseBlock) for m in second.messages for b in m.blocks)
 
 
+def test_stored_conversations_drop_foreign_encrypted_content(fake):
+    """Issue 19, defect 3: 16 MB of opaque `encrypted_content` per Responses request was kept in
+    the store although the prompt drops it. Now a chain of such requests stores only what the
+    prompt renders (a few bytes of text), the chain still continues, and reasoning we issued
+    (our encrypted blob, continued by id and replayed) is still stored exactly."""
+    store = fake.zen.ctx.conversations
+    garbage = "z5e1." + "A" * (16 << 20)          # looks like ours, does not decrypt
+    rid = None
+    for i in range(6):
+        body = {"model": "any", "input": [
+            {"type": "reasoning", "id": f"rs_{i}", "summary": [], "encrypted_content": garbage},
+            {"role": "user", "content": f"hello {i}"}]}
+        r = post(fake, "/v1/responses", {**body, **({"previous_response_id": rid} if rid else {})})
+        assert r.status_code == 200, r.text
+        rid = r.json()["id"]
+    texts = [b.text for m in fake.session.requests[-1].messages for b in m.blocks if hasattr(b, "text")]
+    assert [t for t in texts if t.startswith("hello")] == [f"hello {i}" for i in range(6)]   # the chain holds
+    stored = store.get(rid).messages
+    assert not any(isinstance(b, RedactedThinkingBlock) for m in stored for b in m.blocks)
+    assert store.nbytes < 1 << 20                  # the other tests' small conversations, no garbage
+    ours = post(fake, "/v1/responses", {**RESPONSES, "include": ["reasoning.encrypted_content"]}).json()
+    assert ours["output"][0]["encrypted_content"] == "z5e1.blob"
+    call = next(o for o in ours["output"] if o["type"] == "function_call")
+    follow = post(fake, "/v1/responses", {"model": "any", "previous_response_id": ours["id"], "input": [
+        {"type": "function_call_output", "call_id": call["call_id"], "output": "22C"}]}).json()
+    again = post(fake, "/v1/responses", {"model": "any", "previous_response_id": follow["id"], "input": "thanks"})
+    assert again.status_code == 200, again.text
+    blocks = [b for m in fake.session.requests[-1].messages for b in m.blocks]
+    assert RedactedThinkingBlock("z5e1.blob") in blocks
+
+
+def test_conversation_store_is_bounded_by_bytes():
+    """LRU by the bytes of text held: the oldest go first once the budget is passed; a chain
+    continued by id shares its messages, counted once; an entry over the whole budget is not kept."""
+    from zen5.api.conversations import Conversation, ConversationStore
+    from zen5.chat_types import Message
+    store = ConversationStore(max_bytes=1 << 20)
+    big = lambda i: Message.text("user", f"{i}" + "x" * (300 << 10))   # noqa: E731 (~300 KB each)
+    for i in range(10):
+        store.put(f"a{i}", Conversation((big(i),)))
+        assert store.nbytes <= store.max_bytes
+    assert store.get("a0") is None and store.get("a9") is not None and len(store) == 3
+    chain = ConversationStore(max_bytes=1 << 20)
+    history = ()
+    for i in range(3):                                 # ~900 KB in all, though the entries add to 1.8 MB
+        history += (big(i),)
+        chain.put(f"c{i}", Conversation(history))
+    assert len(chain) == 3 and 900 << 10 < chain.nbytes <= chain.max_bytes
+    chain.put("huge", Conversation((Message.text("user", "x" * (2 << 20)),)))
+    assert chain.get("huge") is None and len(chain) == 3
+    for key in ("c0", "c1", "c2"):                     # what is released is uncounted exactly
+        chain.put(key, Conversation(()))
+    assert chain.nbytes == 0
+
+
 # ---- tolerance (spec section 0) ------------------------------------------------------------
 def test_claude_code_shapes_are_accepted(fake):
     body = {"model": "claude-opus-4-8", "max_tokens": 32000, "stream": False,
@@ -354,6 +409,30 @@ def test_openai_bad_input_shapes(fake, path, body, fragment):
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and fragment in err["message"]
     assert set(err) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize("path,field,base", [("/v1/chat/completions", "stop", CHAT),
+                                              ("/v1/completions", "stop", {"model": "m", "prompt": "hi"}),
+                                              ("/v1/messages", "stop_sequences", ANTHROPIC)])
+def test_stop_strings_are_bounded(fake, path, field, base):
+    """Issue 19 (security): the number of stop strings, and their length, had no bound (each is
+    matched at every sampled token). Past the limits: a 400 in the protocol's shape naming the
+    limit and the field. (Responses has no stop field.)"""
+    from zen5.api.fields import MAX_STOP_CHARS, MAX_STOP_STRINGS, get_stop
+    for value, param, says in (
+            ([f"s{i}" for i in range(MAX_STOP_STRINGS + 1)], field, f"at most {MAX_STOP_STRINGS} stop strings"),
+            (["ok", "x" * (MAX_STOP_CHARS + 1)], f"{field}[1]", f"at most {MAX_STOP_CHARS} characters"),
+            ("x" * (MAX_STOP_CHARS + 1), field, f"at most {MAX_STOP_CHARS} characters")):
+        r = post(fake, path, {**base, field: value})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and says in err["message"] and param in err["message"]
+        if path != "/v1/messages":
+            assert err["param"] == param
+    at_limit = ["x" * MAX_STOP_CHARS] * MAX_STOP_STRINGS
+    assert get_stop({field: at_limit}, field) == tuple(at_limit)
+    if path != "/v1/completions":                      # the scripted session serves chat turns only
+        assert post(fake, path, {**base, field: at_limit}).status_code == 200
 
 
 def test_session_refusals_map_to_protocol_errors(fake):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import signal
 import threading
@@ -390,6 +391,34 @@ def test_sigterm_during_a_stream_ends_it_cleanly_and_saves_what_was_computed(tmp
         assert r.json()["usage"]["cache_read_input_tokens"] >= 640
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("how", ["read-only", "not a directory"])
+def test_unusable_state_dir_serves_with_a_key_in_memory(tmp_path, tmpfs, how):
+    """Issue 19, defect 6: a --state-dir that cannot hold the thinking key crashed at start with a
+    traceback. Now the server starts, says in one warning line that it keeps the key in memory
+    and runs without disk checkpoints, answers, and exits 0."""
+    state, restore = tmp_path / "state", None          # start_server passes workdir/state
+    if how == "not a directory":
+        state.write_text("")
+    elif os.geteuid() == 0:                            # root writes through chmod 0555
+        tmpfs("size=1m,ro", "state")
+    else:
+        state.mkdir(mode=0o555)
+        restore = state
+    try:
+        srv = start_server("smollm2", tmp_path, "--threads", "2", "--ctx", "1024")
+        r = requests.post(srv.url + "/v1/chat/completions", timeout=120, json={
+            "model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": QUESTION}]})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+        assert srv.stop() == 0
+    finally:
+        if restore is not None:
+            restore.chmod(0o755)
+    log = srv.log()
+    warnings = [line for line in log.splitlines() if "WARNING" in line]
+    assert "Traceback" not in log and len(warnings) == 1, log
+    assert "key held in memory" in warnings[0] and "without disk checkpoints" in warnings[0]
 
 
 def test_q8_kv_cache_server_keeps_its_own_checkpoints(tmp_path):

@@ -26,6 +26,7 @@ from zen5.api.fields import (at, get_bool, get_int, get_list, get_num, get_obj, 
 from zen5.chat_types import (ChatRequest, Finish, Message, RedactedThinkingBlock, TextBlock,
                              TextDelta, ThinkingBlock, ThinkingDelta, ThinkingDone, ToolCallDelta,
                              ToolCallDone, ToolCallStart, ToolResultBlock, ToolSpec, ToolUseBlock, Usage)
+from zen5.signatures import drop_unproven_thinking
 
 STYLE = "anthropic"
 _BILLING_HEADER = "x-anthropic-billing-header:"
@@ -51,6 +52,9 @@ class Turn:
     threaded: bool                        # keep this conversation for `thread: continue`
 
     def start(self, session):
+        # the stored history keeps only what the prompt renders (decided by the session's
+        # signer, on the worker that owns it; `remember` runs after the reply has finished)
+        self.history = drop_unproven_thinking(self.history, session.signer)
         return session.chat(self.request)
 
 

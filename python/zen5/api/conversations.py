@@ -5,7 +5,9 @@
   turn is exactly what the client was shown.
 - `ConversationStore` serves the stateful protocol features (Responses `previous_response_id`,
   Anthropic `thread`): the conversation so far, in neutral form, under the id of the reply that
-  ended it. Bounded (LRU); an evicted or unknown id is a clear 400, and the client replays.
+  ended it. Bounded by the bytes of text it holds (LRU, `MAX_STORED_BYTES`) and by count; an
+  evicted or unknown id is a clear 400, and the client replays. Only what the prompt renders is
+  kept (the adapters drop unproven thinking first: `signatures.drop_unproven_thinking`).
   Re-rendering a stored conversation reaches the same cache rungs as a client's own replay
   (live tool-ID continuation, prefix), because it holds our IDs and signatures unchanged.
 - `ReasoningMemory` lets Chat Completions clients replay `reasoning_content` (a field with no
@@ -15,8 +17,10 @@ All three are touched only on the event-loop thread.
 from __future__ import annotations
 
 import hashlib
+import json
+import sys
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from zen5.chat_types import (Finish, Message, RedactedThinkingBlock, SampledToken, TextBlock, TextDelta,
                              ThinkingBlock, ThinkingDone, ToolCallDelta, ToolCallDone,
@@ -100,19 +104,69 @@ class Conversation:
     system: tuple[Message, ...] = ()       # and system prompt (a `continue` may not repeat them)
 
 
+# 256 MiB of stored text: four whole 64 MiB request bodies, or hundreds of long agent sessions
+# (a 128k-token conversation is about 0.5 MB of text). Resident memory is about this plus
+# Python's per-object overhead (small: text dominates).
+MAX_STORED_BYTES = 256 << 20
+
+
+def _nbytes(part) -> int:
+    """Resident bytes of the text a stored part holds (CPython's own size of each string)."""
+    if isinstance(part, Message):
+        return sum(_nbytes(b) for b in part.blocks)
+    if isinstance(part, ToolSpec):
+        return (sys.getsizeof(part.name) + sys.getsizeof(part.description) + sys.getsizeof(part.grammar or "")
+                + sys.getsizeof(json.dumps(part.parameters)))
+    return sum(sys.getsizeof(v) for v in (getattr(part, f.name) for f in fields(part)) if isinstance(v, str))
+
+
 class ConversationStore:
-    def __init__(self, max_entries: int = 512):
+    """Conversations by reply id, least recently used evicted first once the text held passes
+    `max_bytes` (or the entries pass `max_entries`). A conversation continued by id shares its
+    earlier messages with the entry it continued, so each message (and tool) is counted once
+    however many entries hold it: `nbytes` is what the store really keeps alive. A conversation
+    larger than the whole budget is not kept (its id then answers the not-found 400)."""
+
+    def __init__(self, max_bytes: int = MAX_STORED_BYTES, max_entries: int = 512):
+        self.max_bytes = max_bytes
         self.max_entries = max_entries
+        self.nbytes = 0
         self._items: OrderedDict[str, Conversation] = OrderedDict()
+        self._held: dict[int, list] = {}       # id(part) -> [part, entries holding it, its bytes]
 
     def __len__(self) -> int:
         return len(self._items)
 
+    @staticmethod
+    def _parts(conv: Conversation) -> tuple:
+        return conv.messages + conv.system + conv.tools
+
+    def _hold(self, conv: Conversation) -> None:
+        for part in self._parts(conv):
+            held = self._held.get(id(part))
+            if held is None:
+                held = self._held[id(part)] = [part, 0, _nbytes(part)]
+                self.nbytes += held[2]
+            held[1] += 1
+
+    def _release(self, conv: Conversation) -> None:
+        for part in self._parts(conv):
+            held = self._held[id(part)]
+            held[1] -= 1
+            if held[1] == 0:
+                del self._held[id(part)]
+                self.nbytes -= held[2]
+
     def put(self, key: str, conv: Conversation) -> None:
+        old = self._items.pop(key, None)
+        if old is not None:
+            self._release(old)
+        if sum(_nbytes(p) for p in self._parts(conv)) > self.max_bytes:
+            return
+        self._hold(conv)
         self._items[key] = conv
-        self._items.move_to_end(key)
-        while len(self._items) > self.max_entries:
-            self._items.popitem(last=False)
+        while self.nbytes > self.max_bytes or len(self._items) > self.max_entries:
+            self._release(self._items.popitem(last=False)[1])
 
     def get(self, key: str) -> Conversation | None:
         conv = self._items.get(key)

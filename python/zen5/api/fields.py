@@ -148,14 +148,31 @@ def get_obj(d: dict, key: str, path: str = "", *, required: bool = False) -> dic
     return obj(v, at(path, key))
 
 
+# Every stop string is matched against the tail of the text at each sampled token, and holding
+# back a partial match costs up to its length squared: bound both. OpenAI documents at most 4
+# `stop` strings; Anthropic documents no limit for `stop_sequences`, and real clients send a
+# handful of short markers. These limits are far above either.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1000
+
+
 def get_stop(d: dict, key: str, path: str = "") -> tuple[str, ...]:
-    """A stop string or a list of them (empty strings are dropped: they would stop at once)."""
+    """A stop string or a list of them (empty strings are dropped: they would stop at once);
+    at most MAX_STOP_STRINGS of at most MAX_STOP_CHARS characters each."""
     v = _get(d, key, path, False)
     if v is _MISSING:
         return ()
     items = [v] if isinstance(v, str) else v
+    where = at(path, key)
     if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-        raise _fail(at(path, key), "a string or an array of strings", v)
+        raise _fail(where, "a string or an array of strings", v)
+    if len(items) > MAX_STOP_STRINGS:
+        raise bad_request(f"{where}: at most {MAX_STOP_STRINGS} stop strings, got {len(items)}", param=where)
+    for i, s in enumerate(items):
+        if len(s) > MAX_STOP_CHARS:
+            p = where if isinstance(v, str) else at(where, i)
+            raise bad_request(f"{p}: a stop string may be at most {MAX_STOP_CHARS} characters, got {len(s)}",
+                              param=p)
     return tuple(s for s in items if s)
 
 

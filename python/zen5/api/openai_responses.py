@@ -37,6 +37,7 @@ from zen5.api.fields import (arguments_text, at, get_bool, get_int, get_list, ge
 from zen5.chat_types import (ChatRequest, Finish, Message, RedactedThinkingBlock, SampledToken, TextDelta,
                              ThinkingBlock, ThinkingDelta, ThinkingDone, ToolCallDelta,
                              ToolCallDone, ToolCallStart, ToolResultBlock, ToolSpec, ToolUseBlock)
+from zen5.signatures import drop_unproven_thinking
 
 STYLE = "openai"
 _TEXT = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
@@ -57,6 +58,9 @@ class Turn:
     created_at: int = field(default_factory=lambda: int(time.time()))
 
     def start(self, session):
+        # the stored history keeps only what the prompt renders (decided by the session's
+        # signer, on the worker that owns it; `remember` runs after the reply has finished)
+        self.history = drop_unproven_thinking(self.history, session.signer)
         return session.chat(self.request)
 
 

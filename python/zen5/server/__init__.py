@@ -52,18 +52,20 @@ def model_name(model: str) -> str:
     return p.stem if p.suffix == ".gguf" else p.name or model
 
 
-def _checkpoint_store(config: ServerConfig, engine: Engine) -> dict:
+def _checkpoint_store(config: ServerConfig, engine: Engine) -> CheckpointStore:
     """Disk checkpoints under STATE_DIR/checkpoints/<Engine.cache_id> (one directory per model
     and cache layout: a store removes files it cannot restore)."""
     base = Path(config.state_dir) if config.state_dir else Path.home() / ".cache" / "zen5"
-    return {"checkpoints": CheckpointStore(base / "checkpoints" / engine.cache_id)}
+    return CheckpointStore(base / "checkpoints" / engine.cache_id)
 
 
 def serve(config: ServerConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = Engine.load(config.model, threads=config.threads, ctx=config.ctx, matmul=config.matmul,
                          kv_type=config.kv_type, lookup=config.lookup)
-    session = ChatSession(engine, state_dir=config.state_dir, **_checkpoint_store(config, engine))
+    session = ChatSession(engine, state_dir=config.state_dir)
+    if session.keeps_state:   # else it said in one line that it runs without disk state
+        session.use_checkpoints(_checkpoint_store(config, engine))
     server = ZenServer(config, session, model_name(config.model))
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal under the
     # handlers it found: make those no-ops so a clean shutdown exits 0.
