@@ -155,3 +155,21 @@ def test_watch_sees_every_evaluation_chunks_long_prefill_and_can_stop_it(smollm2
     smollm2.append(prompt[chunk:])   # nothing lost: the rest continues from there
     assert (smollm2.ctx.logits() == whole).all()
     smollm2.reset()
+
+
+def test_environment_is_read_in_one_place():
+    """Settings are arguments; the ZEN5_* variables are documented overrides read only by
+    zen5/overrides.py (the tier by the native module), and every one is in the README."""
+    import pathlib
+    import re
+
+    from zen5 import overrides
+
+    package = pathlib.Path(zen5.__file__).parent
+    readers = sorted(p.relative_to(package).as_posix() for p in package.rglob("*.py")
+                     if re.search(r"os\.environ|getenv", p.read_text()))
+    assert readers == ["overrides.py"], readers
+    readme = (package.parents[1] / "README.md").read_text()
+    assert [n for n in overrides.DOCUMENTED if n not in readme] == []
+    with pytest.raises(KeyError):
+        overrides.get("ZEN5_UNDOCUMENTED")

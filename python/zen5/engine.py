@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from zen5 import _native
+from zen5 import _native, overrides
 from zen5.config import SUPPORTED_TYPES, ModelConfig
 from zen5.loader import LoadedWeights, load_weights
 from zen5.models import resolve_model
@@ -101,16 +101,16 @@ class Engine:
         # None uses the one chosen at import (CPUID, or ZEN5_FORCE_ISA).
         # matmul: "int8" (default; quantized weights times int8-quantized activations, as
         # llama.cpp does) or "f32" (dequantize to fp32: the exact path the PyTorch oracle pins).
-        self.matmul = matmul or os.environ.get("ZEN5_MATMUL", "int8")
+        self.matmul = matmul or overrides.get("ZEN5_MATMUL") or "int8"
         # kv_type: how the cache stores K/V: "f16" (the int8 path's default), "f32" (the f32
         # path's) or "q8_0" (int8 with a scale per position and head: half of f16's bytes, so
         # long contexts take half the memory and decode deep in them reads half the cache).
         self.ctx = _native.Context(self.native, self.n_ctx, isa or "", self.matmul,
-                                   kv_type or os.environ.get("ZEN5_KV_TYPE", ""))
+                                   kv_type or overrides.get("ZEN5_KV_TYPE") or "")
         self.kv_type: str = self.ctx.kv_type
         # lookup: guesses per decode batch for prompt-lookup speculative decoding
         # (speculative.py; 0 turns it off). It never changes a reply, only its speed.
-        raw = os.environ.get("ZEN5_LOOKUP", MAX_DRAFT) if lookup is None else lookup
+        raw = (overrides.get("ZEN5_LOOKUP") or MAX_DRAFT) if lookup is None else lookup
         try:
             self.lookup = int(raw)
         except ValueError:

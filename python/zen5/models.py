@@ -21,6 +21,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from zen5 import overrides
+
 __all__ = ["ModelNotFound", "ModelSpec", "REGISTRY", "resolve_model", "cache_dir",
            "shared_models_dir", "fetch_from_index", "sha256_file"]
 
@@ -69,11 +71,11 @@ REGISTRY: dict[str, ModelSpec] = {
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("ZEN5_CACHE") or Path.home() / ".cache" / "zen5" / "models")
+    return Path(overrides.get("ZEN5_CACHE") or Path.home() / ".cache" / "zen5" / "models")
 
 
 def shared_models_dir() -> Path:
-    return Path(os.environ.get("ZEN5_SHARED_MODELS") or _REPO_ROOT.parent / "shared" / "models")
+    return Path(overrides.get("ZEN5_SHARED_MODELS") or _REPO_ROOT.parent / "shared" / "models")
 
 
 def resolve_model(name_or_path) -> str:
@@ -150,7 +152,7 @@ class _Links(html.parser.HTMLParser):
 
 
 def _index_url() -> str:
-    url = os.environ.get("ZEN5_INDEX_URL") or "https://pypi.org/simple/"
+    url = overrides.get("ZEN5_INDEX_URL") or "https://pypi.org/simple/"
     return url if url.endswith("/") else url + "/"
 
 
