@@ -6,6 +6,8 @@ model's output must become content + tool calls with a defined result for every 
 (never an exception escaping a serving path); streaming must agree with the one-shot parse for
 any split of the text into deltas; and the syntax tracker tells the sampler which positions are
 protocol structure (decode greedily) and which are payload (decode with the request's settings).
+The markers live in `chatml_syntax.py`, the constrained-decoding grammar that writes this same
+syntax in `chatml_grammar.py`.
 
 The grammar of one sampled assistant message, as both parsers read it:
 
