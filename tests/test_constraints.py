@@ -24,8 +24,11 @@ from lark import Lark
 
 from zen5.chat_types import (ChatError, ChatRequest, Finish, Message, TextDelta, ThinkingDone,
                              ToolCallDone, ToolSpec)
-from zen5.constraints import Demand, build_grammar, demand_of, llg_tokenizer, narrowed
+from zen5.constraints import Demand, demand_of, llg_tokenizer
+from zen5.dialects.chatml import ChatMLDialect
+from zen5.dialects.deepseek_v4 import DeepSeekV4Dialect
 from zen5.dialects.deepseek_v4 import EOS, parse_message_from_completion_text, render_tool_calls
+from zen5.grammar import narrowed
 from zen5.engine import Engine
 from zen5.lark_json_string import GrammarError, escape_regex, json_string_grammar
 from zen5.sampling import SamplingParams
@@ -230,15 +233,15 @@ def test_json_string_grammar_of_codex_apply_patch(ds_tokenizer):
 def test_chatml_grammar_accepts_canonical_calls(smol):
     tok = smol.engine.tokenizer
     d = Demand("forced", TOOLS[:2], True, None)
-    g = build_grammar(d, "chatml")
+    g = ChatMLDialect().grammar(d)
     one = smol.dialect.render_tool_calls([("get_weather", {"city": "Paris", "unit": "celsius"})])
     two = smol.dialect.render_tool_calls([("get_weather", {"city": "Oslo", "unit": "fahrenheit", "days": 3}),
                                           ("set_alarm", {"hour": 7, "minute": 30, "repeat": False})])
     assert accepts(tok, g, one) and accepts(tok, g, two)
     assert not accepts(tok, g, "Sure! " + one)                                      # forced: no text
     assert not accepts(tok, g, one.replace('"celsius"', '"kelvin"'))               # enum
-    assert not accepts(tok, build_grammar(Demand("forced", TOOLS[:2], False, None), "chatml"), two)
-    none = build_grammar(Demand("none", (), True, None), "chatml")
+    assert not accepts(tok, ChatMLDialect().grammar(Demand("forced", TOOLS[:2], False, None)), two)
+    none = ChatMLDialect().grammar(Demand("none", (), True, None))
     assert accepts(tok, none, "Just text.") and not accepts(tok, none, one)
 
 
@@ -246,7 +249,7 @@ def test_chatml_grammar_accepts_canonical_calls(smol):
 def test_dsml_grammar_accepts_canonical_calls(ds_tokenizer, thinking):
     d = Demand("forced", TOOLS, True, None)
     mode = "thinking" if thinking else "chat"
-    g = build_grammar(d, "deepseek_v4", mode, ds_tokenizer.token_to_id)
+    g = DeepSeekV4Dialect().grammar(d, ds_tokenizer.token_to_id, thinking_mode=mode)
     block = render_tool_calls([("get_weather", json.dumps({"city": "Paris", "unit": "celsius"})),
                                ("add_item", json.dumps({"item": {"name": "milk", "qty": 2}, "tags": ["food"]})),
                                ("move", json.dumps({"to": [1, 2], "speed": None}))])
@@ -261,8 +264,8 @@ def test_dsml_auto_grammar_with_a_custom_tool(ds_tokenizer, thinking):
     """Codex's case in DSML: free content, or content then a block whose custom input follows
     its grammar; the block opener cannot appear anywhere else."""
     mode = "thinking" if thinking else "chat"
-    g = build_grammar(demand_of(ChatRequest((Message.text("user", "x"),), tools=(PATCH, TOOLS[0]))),
-                      "deepseek_v4", mode, ds_tokenizer.token_to_id)
+    g = DeepSeekV4Dialect().grammar(demand_of(ChatRequest((Message.text("user", "x"),), tools=(PATCH, TOOLS[0]))),
+                                    ds_tokenizer.token_to_id, thinking_mode=mode)
     prefix = "Plan.</think>" if thinking else ""
     patch = "*** Begin Patch\n*** Add File: a.py\n+print(1)\n*** End Patch"
     block = render_tool_calls([("apply_patch", json.dumps({"input": patch}))])
@@ -279,12 +282,13 @@ def test_dropped_constraints_never_write_freed_memory(tiny_deepseek_dir):
     regression corrupts the heap."""
     code = f"""
 import json
-from zen5.constraints import Demand, TokenConstraint, build_grammar
+from zen5.constraints import Demand, TokenConstraint
 from zen5.chat_types import ToolSpec
+from zen5.dialects.deepseek_v4 import DeepSeekV4Dialect
 from zen5.tokenizer import Tokenizer
 tok = Tokenizer.from_files({str(tiny_deepseek_dir / "tokenizer.json")!r})
 tool = ToolSpec("f", "", {{"type": "object", "properties": {{"a": {{"type": "string"}}}}}})
-g = build_grammar(Demand("forced", (tool,), True, None), "deepseek_v4", "thinking", tok.token_to_id)
+g = DeepSeekV4Dialect().grammar(Demand("forced", (tool,), True, None), tok.token_to_id, thinking_mode="thinking")
 junk = []
 for i in range(300):
     TokenConstraint(tok, g)

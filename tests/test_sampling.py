@@ -67,7 +67,7 @@ def test_tiny_temperature_with_masked_logits_picks_the_top():
 
 
 def test_first_stop_is_the_earliest_match_and_the_first_listed_on_a_tie():
-    from zen5.sampling import find_stop, first_stop
+    from zen5.stop_strings import find_stop, first_stop
     assert first_stop("The capital is Paris", ["is", "a", "cap"]) == (4, "cap")
     assert first_stop("abc", ["bc", "b"]) == (1, "bc")      # same index: the first listed
     assert first_stop("abc", ["x"]) is None and find_stop("abc", ["x"]) is None

@@ -285,6 +285,27 @@ def test_adjacent_assistant_messages_render_like_one_turn(ds_session):
     assert "".join(x.text for x in a) == "".join(x.text for x in b)
 
 
+@pytest.mark.parametrize("dialect", list(SESSIONS))
+def test_count_prompt_tokens_is_the_rendered_prompt(dialect, request):
+    """The count a server answers count_tokens with is the prompt generation renders: a turn
+    split into several assistant messages counts as the bundled turn it renders as (issue 19,
+    defect 8), and both equal the cold prefill's tokens. A count applies no tool-ID rule."""
+    fixture, calls = SESSIONS[dialect]
+    s = request.getfixturevalue(fixture)
+    question = Message.text("user", "Weather in Lagos?")
+    with scripted(s, ("Let me check.\n" if dialect == "chatml" else "") + calls("Lagos")):
+        ev, _ = run(s, [question])
+    bundled = assistant_turn(ev)   # text (and thinking), then the call
+    split = [Message("assistant", (b,)) for b in bundled.blocks]
+    assert len(split) > 1
+    result = Message("user", (ToolResultBlock(calls_of(ev)[0].id, "humid"),))
+    req = lambda turns: ChatRequest(tuple([question] + turns + [result]), tools=(WEATHER,))  # noqa: E731
+    n = len(cold_tokens(s, [question, bundled, result]))
+    assert s.count_prompt_tokens(req(split)) == s.count_prompt_tokens(req([bundled])) == n
+    orphan = ChatRequest((question, Message("user", (ToolResultBlock("toolu_unknown", "x"),))))
+    assert s.count_prompt_tokens(orphan) > 0
+
+
 def test_prompt_over_context_is_400(smollm2_path, tmp_path):
     s = ChatSession(Engine.load(smollm2_path, ctx=64), "chatml", state_dir=tmp_path)
     with pytest.raises(ChatError) as e:

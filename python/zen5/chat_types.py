@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Iterator, Literal, Union
 
-from zen5.sampling import SamplingParams
+from zen5.sampling_params import SamplingParams
 
 # A custom tool's free-form input travels as this one string argument (see ToolSpec).
 CUSTOM_INPUT = "input"

@@ -19,8 +19,9 @@ from zen5 import _native, overrides
 from zen5.config import SUPPORTED_TYPES, ModelConfig
 from zen5.loader import LoadedWeights, load_weights
 from zen5.models import resolve_model
-from zen5.sampling import Sampler, SamplingParams, TokenLogprob, find_stop, partial_stop_len
+from zen5.sampling import Sampler, SamplingParams, TokenLogprob
 from zen5.speculative import MAX_DRAFT, DraftFeed
+from zen5.stop_strings import find_stop, partial_stop_len
 from zen5.tokenizer import StreamDecoder, Tokenizer
 
 DEFAULT_MAX_CTX = 16384  # default context cap: the fp32 KV cache grows linearly with it

@@ -11,28 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from zen5 import _native
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.8   # 0 means greedy
-    top_k: int = 40            # 0 disables
-    top_p: float = 0.95        # 1 disables
-    min_p: float = 0.05        # 0 disables
-    seed: int | None = None    # None: a fresh random seed per call
-    logprobs: int = 0          # how many top alternatives to report per token (0: none)
-
-    def __post_init__(self):
-        if not (self.temperature >= 0 and np.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not 0 <= self.logprobs <= 20:
-            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
+from zen5.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -102,29 +81,3 @@ def largest(x: np.ndarray, k: int, top: float) -> np.ndarray:
         if cand.size >= k:
             return np.sort(cand[np.argpartition(-x[cand], k - 1)[:k]]) if cand.size > k else cand
         width *= 16.0
-
-
-# ---- stop strings (shared by every generation loop) ----------------------------------------
-def first_stop(text: str, stops) -> tuple[int, str] | None:
-    """(index, stop string) of the earliest stop string in `text` (the first listed on a tie),
-    or None."""
-    hits = [(i, n, s) for n, s in enumerate(stops) if (i := text.find(s)) >= 0]
-    return min(hits)[::2] if hits else None
-
-
-def find_stop(text: str, stops) -> int | None:
-    """Index of the earliest stop string in `text`, or None."""
-    hit = first_stop(text, stops)
-    return hit[0] if hit else None
-
-
-def partial_stop_len(text: str, stops) -> int:
-    """Length of the longest tail of `text` that is a proper prefix of some stop string: that
-    much must be held back from streaming until the next token decides."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best

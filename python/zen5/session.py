@@ -44,28 +44,24 @@ import numpy as np
 
 from zen5 import _native
 from zen5.checkpoints import CheckpointStore, Entry
-from zen5.constraints import ConstraintError, TokenConstraint, build_grammar, demand_of
+from zen5.constraints import ConstraintError, TokenConstraint, demand_of
 from zen5.chat_types import (ChatError, ChatEvent, ChatRequest, Finish, Message, Planned,
                              RedactedThinkingBlock, SampledToken, TextBlock, TextDelta, ThinkingBlock,
                              ThinkingDelta, ThinkingDone, ToolCallDelta, ToolCallDone,
                              ToolCallStart, ToolResultBlock, ToolUseBlock, Usage)
 from zen5.dialects import detect_dialect, get_dialect
 from zen5.dialects import base as d
-from zen5.dialects.chatml import CALL_OPEN as _CHATML_CALL_OPEN
-from zen5.dialects.deepseek_v4 import TOOL_TAG as _DSML_TOOL_TAG
 from zen5.engine import Engine
-from zen5.sampling import Sampler, first_stop, partial_stop_len, token_logprob
+from zen5.sampling import Sampler, token_logprob
 from zen5.signatures import ThinkingSigner, load_or_create_secret
 from zen5.speculative import DraftFeed
+from zen5.stop_strings import first_stop, partial_stop_len
 from zen5.tokenizer import StreamDecoder
 from zen5.tool_memory import ToolMemory, ToolRecord, new_tool_id
 
 # Stands in for the live assistant turn when rendering the continuation suffix: everything the
 # dialect writes after it (end of turn, tool results, next assistant prefix) is the suffix.
 _SENTINEL = "\x00zen5-live-frontier\x00"
-# Once a generation has opened a tool-call section, no frontier checkpoint is written: a state
-# ending inside a call is not a prefix any later request will render.
-_TOOL_OPENERS = (_CHATML_CALL_OPEN, _DSML_TOOL_TAG)
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +155,17 @@ class ChatSession:
         plan = self._plan(request, messages, thinking_mode)
         return Planned(self._run(request, plan, thinking_mode, diagnostics, constraint), _usage(plan, 0))
 
+    def count_prompt_tokens(self, request: ChatRequest) -> int:
+        """The tokens of the prompt `chat` would render for this request (what a cold prefill
+        reads), through the same path: adjacent assistant messages merged into one turn, replay
+        from tool memory and verified thinking. A count is not a turn, so the protocol's tool-ID
+        rules (400/409) are not applied, and nothing runs on the engine."""
+        thinking_mode = self._thinking_mode(request)
+        self._load_disk_tools(request)
+        messages, _ = self._dialect_messages(request, thinking_mode, check_ids=False)
+        segments = self._render_segments(request, messages, thinking_mode)
+        return len(self.engine.tokenizer.encode_segments(segments))
+
     @property
     def live_tool_ids(self) -> tuple[str, ...]:
         return self._live.pending if self._live_valid() else ()
@@ -176,12 +183,12 @@ class ChatSession:
         grammars, a thinking budget: constraints.py), or None."""
         tok = self.engine.tokenizer
         try:
-            if thinking_mode != "thinking" or self.dialect.name != "deepseek_v4":
+            if thinking_mode != "thinking":
                 request = replace(request, thinking_budget=None)  # no open reasoning to cap
             demand = demand_of(request)
             if demand is None:
                 return None
-            grammar = build_grammar(demand, self.dialect.name, thinking_mode, tok.token_to_id)
+            grammar = self.dialect.grammar(demand, tok.token_to_id, thinking_mode=thinking_mode)
             return TokenConstraint(tok, grammar)
         except ConstraintError as e:
             raise ChatError(400, str(e)) from None
@@ -201,13 +208,13 @@ class ChatSession:
 
     # ---- request -> dialect messages --------------------------------------------------------
     def _thinking_mode(self, request: ChatRequest) -> str:
-        if self.dialect.name != "deepseek_v4":
-            return "chat"
-        return "chat" if request.thinking is False else "thinking"
+        return self.dialect.thinking_mode(request.thinking)
 
-    def _dialect_messages(self, request: ChatRequest, thinking_mode: str) -> tuple[list[dict], list[str]]:
+    def _dialect_messages(self, request: ChatRequest, thinking_mode: str,
+                          check_ids: bool = True) -> tuple[list[dict], list[str]]:
         """Neutral messages -> the dialect's OpenAI-style dicts, with exact replay where proven.
-        Also enforces the protocol ID rules (400 unknown, 409 live state gone)."""
+        Also enforces the protocol ID rules (400 unknown, 409 live state gone) unless told not
+        to."""
         diags: list[str] = []
         merged = _merge_assistant_runs(request.messages)
         replayed = {b.id for m in merged if m.role == "assistant" for b in m.blocks if isinstance(b, ToolUseBlock)}
@@ -219,7 +226,8 @@ class ChatSession:
                 continue
             for b in m.blocks:
                 if isinstance(b, ToolResultBlock):
-                    self._check_result_id(b.tool_use_id, replayed, live_ids)
+                    if check_ids:
+                        self._check_result_id(b.tool_use_id, replayed, live_ids)
                     out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": b.content})
             text = "".join(b.text for b in m.blocks if isinstance(b, TextBlock))
             if text or not any(isinstance(b, ToolResultBlock) for b in m.blocks):
@@ -447,7 +455,8 @@ class ChatSession:
         if not step or gen.feed.pending or self.engine.n_tokens % step:
             return
         sampled = self.engine.tokenizer.decode(gen.evaluated)
-        if gen._calls or any(o in sampled for o in _TOOL_OPENERS):
+        # a state ending inside a tool call is not a prefix any later request will render
+        if gen._calls or any(o in sampled for o in self.dialect.tool_openers):
             return
         self._save("continued", gen.prompt_text + sampled, exact=True)
 
@@ -578,7 +587,7 @@ class _Generation:
             self.constraint = None
 
     def _sample(self, logits: np.ndarray) -> int:
-        if self.tracker is not None and self.tracker.next_kind() == "structure":
+        if self.tracker is not None and self.tracker.next_kind() == d.STRUCTURE:
             return int(np.argmax(logits))
         return self.sampler.sample(logits)
 

@@ -580,19 +580,19 @@ def test_custom_tool_input_decodes_incrementally_at_any_split():
     """A custom tool call's input streams as decoded text (response.custom_tool_call_input.delta)
     while the session streams the JSON of {"input": ...}: any fragmenting, escapes and surrogate
     pairs included, joins to the whole input, and nothing past the closing quote leaks."""
-    from zen5.api.openai_responses import _InputStream
+    from zen5.api.custom_input import CustomInputStream
 
     value = 'a"b\\c\n\t*** Begin Patch\u00e9\U0001F600 \u2028end'
     for ascii_only in (False, True):
         text = json.dumps({"input": value}, ensure_ascii=ascii_only)
         for step in (1, 2, 3, 5, 7, len(text)):
-            dec = _InputStream()
+            dec = CustomInputStream()
             out = "".join(dec.feed(text[i:i + step]) for i in range(0, len(text), step))
             assert out == value, (ascii_only, step, out)
-    dec = _InputStream()
+    dec = CustomInputStream()
     assert dec.feed('{"inp') == "" and dec.feed('ut": "ab') == "ab" and dec.feed('\\u00') == ""
     assert dec.feed('e9"}') == "\u00e9" and dec.feed("more") == ""
-    assert _InputStream().feed('{"other": "x"}') == ""  # not a custom input: only .done carries it
+    assert CustomInputStream().feed('{"other": "x"}') == ""  # not a custom input: only .done carries it
 
 
 def _raw_request(srv, head: bytes, body_chunks=(), timeout: float = 10.0) -> bytes:

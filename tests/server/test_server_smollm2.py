@@ -71,6 +71,28 @@ def test_anthropic_message_start_reports_the_input_counts(smollm2_server):
     assert seen[1] == total - 1
 
 
+def test_count_tokens_of_a_split_assistant_turn_is_the_prompt_generation_reads(smollm2_server):
+    """Issue 19, defect 8: a client that sends one assistant turn as several messages (text, then
+    the tool_use) gets the count of the prompt the server really renders, which is the bundled
+    turn's: count_tokens once rendered each message as a turn of its own (402 against 397)."""
+    client = anthropic_client(smollm2_server)
+    tools = [{"name": "get_weather", "description": "Get the weather for a city",
+              "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+    text = {"type": "text", "text": "Let me look that up."}
+    call = {"type": "tool_use", "id": "toolu_split0", "name": "get_weather", "input": {"city": "Paris"}}
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_split0", "content": "Sunny"}]}
+    # a system prompt of its own: no earlier request's cache or checkpoint shares this prompt's text
+    head = dict(model="zen5-local", tools=tools, system="You count tokens (split-turn test).")
+    question = {"role": "user", "content": "Weather in Paris?"}
+    split = [question, {"role": "assistant", "content": [text]}, {"role": "assistant", "content": [call]}, result]
+    bundled = [question, {"role": "assistant", "content": [text, call]}, result]
+
+    counted = client.messages.count_tokens(messages=split, **head).input_tokens
+    assert counted == client.messages.count_tokens(messages=bundled, **head).input_tokens
+    msg = client.messages.create(max_tokens=1, messages=split, **head)
+    assert counted == msg.usage.input_tokens + msg.usage.cache_read_input_tokens
+
+
 def test_anthropic_stop_sequences_report_which_one_stopped(smollm2_server):
     """A reply ended by one of the request's stop_sequences says so: stop_reason
     "stop_sequence" and the string, in the body and in the stream's message_delta; the text ends

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from zen5.api.conversations import ConversationStore, ReasoningMemory
 from zen5.api.errors import bad_request
-from zen5.sampling import SamplingParams
+from zen5.sampling_params import SamplingParams
 
 
 @dataclass

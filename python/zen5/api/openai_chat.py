@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 
 from zen5.api import ApiContext, logprob_entries, new_id, sampling, sse
 from zen5.api.conversations import Reply
+from zen5.api.custom_input import CustomInputStream
 from zen5.api.errors import ApiError, bad_request, openai_body
 from zen5.api.fields import (arguments_text, at, get_bool, get_int, get_list, get_num, get_obj,
                              get_stop, get_str, obj, one_of, output_format, text_parts)
-from zen5.api.openai_responses import _InputStream
 from zen5.chat_types import (ChatRequest, Finish, Message, SampledToken, TextBlock, TextDelta, ThinkingBlock,
                              ThinkingDelta, ToolCallDelta, ToolCallDone, ToolCallStart,
                              ToolResultBlock, ToolSpec, ToolUseBlock)
@@ -261,7 +261,7 @@ class Stream:
         if isinstance(ev, TextDelta):
             return self._chunk({"content": ev.text})
         if isinstance(ev, ToolCallStart) and ev.kind == "custom":
-            self.custom[ev.id] = [_InputStream(), ""]
+            self.custom[ev.id] = [CustomInputStream(), ""]
             return self._chunk({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "custom",
                                                 "custom": {"name": ev.name, "input": ""}}]})
         if isinstance(ev, ToolCallStart):

@@ -24,13 +24,12 @@ and a client replays them with `custom_tool_call_output`.
 """
 from __future__ import annotations
 
-import json
-import re
 import time
 from dataclasses import dataclass, field
 
 from zen5.api import ApiContext, logprob_entries, new_id, sampling, sse
 from zen5.api.conversations import Conversation, Reply
+from zen5.api.custom_input import CustomInputStream
 from zen5.api.errors import ApiError, bad_request
 from zen5.api.fields import (arguments_text, at, get_bool, get_int, get_list, get_num, get_obj,
                              get_str, obj, one_of, output_format, text_parts)
@@ -289,7 +288,7 @@ class Stream:
         self.output: list[dict] = []
         self.item: dict | None = None          # the open item (its final form so far)
         self.text = ""                         # text of the open message / reasoning summary
-        self.custom: _InputStream | None = None  # the open custom tool call's input decoder
+        self.custom: CustomInputStream | None = None  # the open custom tool call's input decoder
         self.sampled: list = []                # tokens sampled since the last event (logprobs)
         self.logprobs: list[dict] = []         # the open message's logprob entries
 
@@ -382,7 +381,7 @@ class Stream:
                                   delta=ev.text, logprobs=entries)
         if isinstance(ev, ToolCallStart):
             if ev.kind == "custom":
-                self.custom = _InputStream()
+                self.custom = CustomInputStream()
                 return self._open(_custom_item(new_id("ctc_"), ev.id, ev.name, "", "in_progress"))
             return self._open(_call_item(new_id("fc_"), ev.id, ev.name, "", "in_progress"))
         if isinstance(ev, ToolCallDelta) and self.item["type"] == "custom_tool_call":
@@ -406,60 +405,3 @@ class Stream:
             kind = "response.completed" if status == "completed" else "response.incomplete"
             return out + self._ev(kind, response=_response(self.turn, self.output, ev, status))
         return ""
-
-
-_LENIENT = json.JSONDecoder(strict=False)   # raw control characters in a string are tolerated
-_INPUT_HEAD = re.compile(r'\s*\{\s*"input"\s*:\s*"')
-
-
-class _InputStream:
-    """A custom tool call's input as it streams. The session streams the call's arguments, the
-    JSON text of {"input": "..."}, in fragments; `feed` returns the newly decodable part of the
-    string: up to the closing quote, never ending inside an escape or a surrogate pair. Text it
-    cannot follow yields nothing; `response.custom_tool_call_input.done` carries the whole input
-    (Chat Completions, which has no such event, streams the rest at the call's end). Shared by
-    both OpenAI adapters."""
-
-    def __init__(self):
-        self.raw = ""
-        self.pos: int | None = None            # where the undecoded rest of the string begins
-        self.closed = False
-
-    def feed(self, fragment: str) -> str:
-        self.raw += fragment
-        if self.pos is None:
-            m = _INPUT_HEAD.match(self.raw)
-            if m is None:
-                return ""
-            self.pos = m.end()
-        if self.closed:
-            return ""
-        raw, i, n = self.raw, self.pos, len(self.raw)
-        while i < n:
-            c = raw[i]
-            if c == '"':
-                self.closed = True
-                break
-            if c != "\\":
-                i += 1
-                continue
-            if i + 1 >= n:
-                break
-            if raw[i + 1] != "u":
-                i += 2
-                continue
-            if i + 6 > n:
-                break
-            width = 6
-            if raw[i + 2] in "dD" and raw[i + 3] in "89abAB":   # a high surrogate: take its pair
-                width = 12
-                if i + 12 > n:
-                    break
-            i += width
-        try:
-            text = _LENIENT.decode('"' + raw[self.pos:i] + '"')
-        except ValueError:
-            self.closed = True
-            return ""
-        self.pos = i
-        return text

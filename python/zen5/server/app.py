@@ -24,8 +24,7 @@ from zen5.api.conversations import Reply
 from zen5.api.errors import ApiError, error_response, style_for_path
 from zen5.api.fields import parse_json_object
 from zen5.api.openapi import openapi_spec
-from zen5.chat_types import (Finish, RedactedThinkingBlock, TextBlock, ThinkingBlock, ToolResultBlock,
-                             ToolUseBlock, Usage)
+from zen5.chat_types import Finish, Usage
 from zen5.server.config import ServerConfig
 from zen5.server.guards import Guard
 from zen5.server.metrics import Metrics
@@ -49,36 +48,6 @@ class _Count:
 
     def summary(self) -> dict:
         return {"input_tokens": self.value}
-
-
-def count_prompt_tokens(session, request) -> int:
-    """Prompt tokens of a request as the model would read it, rendered canonically. (The session
-    may render a replayed turn from the exact sampled bytes instead, which can differ by a few
-    tokens; a count is an estimate in the API too.)"""
-    from zen5.session import prompt_response_format
-    msgs = []
-    for m in request.messages:
-        texts = "".join(b.text for b in m.blocks if isinstance(b, TextBlock))
-        if m.role == "assistant":
-            d = {"role": "assistant", "content": texts}
-            thinking = "".join(b.text for b in m.blocks if isinstance(b, ThinkingBlock))
-            if thinking or any(isinstance(b, RedactedThinkingBlock) for b in m.blocks):
-                d["reasoning_content"] = thinking
-            calls = [b for b in m.blocks if isinstance(b, ToolUseBlock)]
-            if calls:
-                d["tool_calls"] = [{"id": c.id, "type": "function",
-                                    "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
-            msgs.append(d)
-            continue
-        msgs += [{"role": "tool", "tool_call_id": b.tool_use_id, "content": b.content}
-                 for b in m.blocks if isinstance(b, ToolResultBlock)]
-        if texts or not any(isinstance(b, ToolResultBlock) for b in m.blocks):
-            msgs.append({"role": "user" if m.role == "tool" else m.role, "content": texts})
-    thinking = "thinking" if session.dialect.name == "deepseek_v4" and request.thinking is not False else "chat"
-    segments = session.dialect.render_segments(msgs, [t.openai() for t in request.tools] or None,
-                                               thinking_mode=thinking, reasoning_effort=request.reasoning_effort,
-                                               response_format=prompt_response_format(request))
-    return len(session.engine.tokenizer.encode_segments(segments))
 
 
 class ZenServer:
@@ -251,7 +220,7 @@ class ZenServer:
         rid, api = new_id("req_"), "anthropic_count_tokens"
         try:
             turn = anthropic.parse(await self._json(request), self.ctx, count_only=True)
-            job = self._submit(lambda s: iter([count_prompt_tokens(s, turn.request)]), _Count, rid, api,
+            job = self._submit(lambda s: iter([s.count_prompt_tokens(turn.request)]), _Count, rid, api,
                                "anthropic")
             done = await self._next(job, request, lambda i: isinstance(i, Done))
         except ApiError as e:
