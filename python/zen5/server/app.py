@@ -1,4 +1,5 @@
-"""The HTTP app: routes, handlers and cross-cutting guards around one Worker.
+"""The HTTP app: routes, handlers and the shutdown around one Worker (guards.py checks every
+request before a handler sees it).
 
 Handlers run on the event loop and only parse, validate, enqueue a job (worker.py) and relay its
 events, as JSON or SSE. A bad request is a 400 in the protocol's own error shape, never a 500.
