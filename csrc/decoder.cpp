@@ -130,7 +130,7 @@ void Context::matmuls(std::initializer_list<MatJob> jobs, int n) {
     // Decode and small batches (<= 8 tokens, e.g. a speculative verification): one slice per
     // thread. Their phases last tens of microseconds, and every extra slice is one more claim on
     // the pool's shared counter (a cache line that moves between cores): 4 slices per thread
-    // measured 1-6% slower for Q4_1 decode at 2 threads (3 alternating pairs).
+    // measured slower for decode at 2 threads (alternating pairs; commit c8b6cd7).
     const int per_thread = n > 8 ? 4 : 1;
     const int64_t per = std::max<int64_t>(gran, (total_rows / (nt * per_thread) + gran - 1) / gran * gran);
     // Task t is slice t - first[job] of the job with first[job] <= t < first[job + 1], computed

@@ -44,7 +44,8 @@ class Context {
     const std::vector<float>& logits() const { return logits_; }
     const Model& model() const { return *model_; }
 
-    static constexpr int kChunk = 256;  // tokens per prefill step: weights stream once per chunk (64 -> 256: pp512 +7-15%)
+    // tokens per prefill step: weights stream once per chunk (64 -> 256: A/B in commit 2c3f59a)
+    static constexpr int kChunk = 256;
     static constexpr int kQB = 24;     // query vectors per kv head in an attention task (the widest score group)
     static constexpr int kSplit = kAttnSplit;  // cache positions per attention split (kernels.h)
 
