@@ -29,6 +29,29 @@ using U8Array = py::array_t<uint8_t, py::array::c_style>;
 using U16Array = py::array_t<uint16_t, py::array::c_style>;
 using I8Array = py::array_t<int8_t, py::array::c_style>;
 
+// The float caches' attention kernels (fp32, fp16) over k or v, (n, stride >= hd) rows: keys
+// tiled here like the cache (kernels.h) with kv_dim = stride, values used as they are.
+// q: (hd,) or (nq, hd) -> scores (n,) or (nq, n); p: (n,) or (nq, n) -> output (hd,) or (nq, hd),
+// summed from zero.
+template <typename Scores, typename Array>
+py::array_t<float> attn_scores(Scores kernel, const F32Array& q, const Array& k, int hd, float scale) {
+    if (k.ndim() != 2 || k.shape(1) < hd || q.size() % hd || q.size() == 0) throw ZenError("k must be (n, stride >= hd), q (nq, hd)");
+    const int n = int(k.shape(0)), nq = int(q.size() / hd);
+    py::array_t<float> out(q.ndim() == 1 ? std::vector<py::ssize_t>{n} : std::vector<py::ssize_t>{nq, n});
+    const auto tiles = key_tiles(k.data(), n, int(k.shape(1)));
+    kernel(q.data(), nq, tiles.data(), k.shape(1) * kKeyTile, n, hd, scale, out.mutable_data(), n);
+    return out;
+}
+template <typename Values, typename Array>
+py::array_t<float> attn_values(Values kernel, const F32Array& p, const Array& v, int hd) {
+    const int n = int(v.shape(0)), nq = n ? int(p.size() / n) : 0;
+    if (v.ndim() != 2 || v.shape(1) < hd || n == 0 || p.size() != py::ssize_t(nq) * n) throw ZenError("v must be (n, stride >= hd), p (nq, n)");
+    py::array_t<float> out(p.ndim() == 1 ? std::vector<py::ssize_t>{hd} : std::vector<py::ssize_t>{nq, hd});
+    std::fill(out.mutable_data(), out.mutable_data() + out.size(), 0.0f);
+    kernel(p.data(), n, nq, v.data(), v.shape(1), n, hd, out.mutable_data(), hd);
+    return out;
+}
+
 }  // namespace
 
 void register_testing(py::module_& parent) {
@@ -101,37 +124,22 @@ void register_testing(py::module_& parent) {
         kernels_for(isa).rmsnorm(x.data(), w.data(), x.size(), eps, out.mutable_data());
         return out;
     }, py::arg("isa"), py::arg("x"), py::arg("w"), py::arg("eps"));
-    // q: (hd,) or (nq, hd); k: (n, stride >= hd) rows, tiled here like the cache (kernels.h)
-    // with kv_dim = stride. Scores: (n,) or (nq, n).
     m.def("kernel_attn_scores", [](const std::string& isa, F32Array q, F32Array k, int hd, float scale) {
-        if (k.ndim() != 2 || k.shape(1) < hd || q.size() % hd || q.size() == 0) throw ZenError("k must be (n, stride >= hd), q (nq, hd)");
-        const int n = int(k.shape(0)), nq = int(q.size() / hd);
-        py::array_t<float> out(q.ndim() == 1 ? std::vector<py::ssize_t>{n} : std::vector<py::ssize_t>{nq, n});
-        const std::vector<float> tiles = key_tiles(k.data(), n, int(k.shape(1)));
-        kernels_for(isa).attn_scores(q.data(), nq, tiles.data(), k.shape(1) * kKeyTile, n, hd, scale, out.mutable_data(), n);
-        return out;
+        return attn_scores(kernels_for(isa).attn_scores, q, k, hd, scale);
     }, py::arg("isa"), py::arg("q"), py::arg("k"), py::arg("hd"), py::arg("scale"));
+    m.def("kernel_attn_values", [](const std::string& isa, F32Array p, F32Array v, int hd) {
+        return attn_values(kernels_for(isa).attn_values, p, v, hd);
+    }, py::arg("isa"), py::arg("p"), py::arg("v"), py::arg("hd"));
     m.def("kernel_to_f16", [](const std::string& isa, F32Array x) {
         py::array_t<uint16_t> out(x.size());
         kernels_for(isa).to_f16(x.data(), x.size(), out.mutable_data());
         return out;
     }, py::arg("isa"), py::arg("x"));
     m.def("kernel_attn_scores_h", [](const std::string& isa, F32Array q, U16Array k, int hd, float scale) {
-        if (k.ndim() != 2 || k.shape(1) < hd || q.size() % hd || q.size() == 0) throw ZenError("k must be (n, stride >= hd), q (nq, hd)");
-        const int n = int(k.shape(0)), nq = int(q.size() / hd);
-        py::array_t<float> out(q.ndim() == 1 ? std::vector<py::ssize_t>{n} : std::vector<py::ssize_t>{nq, n});
-        const std::vector<uint16_t> tiles = key_tiles(k.data(), n, int(k.shape(1)));
-        kernels_for(isa).attn_scores_h(q.data(), nq, tiles.data(), k.shape(1) * kKeyTile, n, hd, scale, out.mutable_data(), n);
-        return out;
+        return attn_scores(kernels_for(isa).attn_scores_h, q, k, hd, scale);
     }, py::arg("isa"), py::arg("q"), py::arg("k"), py::arg("hd"), py::arg("scale"));
-    // p: (n,) or (nq, n); v: (n, stride >= hd). Output: (hd,) or (nq, hd), from zero.
     m.def("kernel_attn_values_h", [](const std::string& isa, F32Array p, U16Array v, int hd) {
-        const int n = int(v.shape(0)), nq = n ? int(p.size() / n) : 0;
-        if (v.ndim() != 2 || v.shape(1) < hd || n == 0 || p.size() != py::ssize_t(nq) * n) throw ZenError("v must be (n, stride >= hd), p (nq, n)");
-        py::array_t<float> out(p.ndim() == 1 ? std::vector<py::ssize_t>{hd} : std::vector<py::ssize_t>{nq, hd});
-        std::fill(out.mutable_data(), out.mutable_data() + out.size(), 0.0f);
-        kernels_for(isa).attn_values_h(p.data(), n, nq, v.data(), v.shape(1), n, hd, out.mutable_data(), hd);
-        return out;
+        return attn_values(kernels_for(isa).attn_values_h, p, v, hd);
     }, py::arg("isa"), py::arg("p"), py::arg("v"), py::arg("hd"));
     // The q8_0 cache's kernels: k / v (n, stride >= hd) int8 rows with one scale per position,
     // ks / vs (n,), laid out here like the cache (key_q8_index, value_q8_index; kv_dim = stride).
@@ -176,14 +184,6 @@ void register_testing(py::module_& parent) {
         }
         return out;
     }, py::arg("isa"), py::arg("x"));
-    m.def("kernel_attn_values", [](const std::string& isa, F32Array p, F32Array v, int hd) {
-        const int n = int(v.shape(0)), nq = n ? int(p.size() / n) : 0;
-        if (v.ndim() != 2 || v.shape(1) < hd || n == 0 || p.size() != py::ssize_t(nq) * n) throw ZenError("v must be (n, stride >= hd), p (nq, n)");
-        py::array_t<float> out(p.ndim() == 1 ? std::vector<py::ssize_t>{hd} : std::vector<py::ssize_t>{nq, hd});
-        std::fill(out.mutable_data(), out.mutable_data() + out.size(), 0.0f);
-        kernels_for(isa).attn_values(p.data(), n, nq, v.data(), v.shape(1), n, hd, out.mutable_data(), hd);
-        return out;
-    }, py::arg("isa"), py::arg("p"), py::arg("v"), py::arg("hd"));
     m.def("kernel_swiglu", [](const std::string& isa, F32Array g, F32Array u) {
         if (g.size() != u.size()) throw ZenError("length mismatch");
         py::array_t<float> out(g.size());
