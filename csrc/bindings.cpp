@@ -1,20 +1,18 @@
 // pybind11 boundary: only token ids, scalars, float arrays and byte blobs cross it. Arguments
 // are converted under the GIL, the math runs with the GIL released, and C++ errors surface as
 // typed Python exceptions (ContextOverflow, BadSnapshot, ModelMismatch, BadModel < ZenError).
-#include <pybind11/numpy.h>
-#include <pybind11/pybind11.h>
+// This is the production API; its type stub is python/zen5/_native/__init__.pyi, checked against
+// the built module by tests/test_native_stub.py. The tests' kernel hooks are bindings_testing.cpp.
 #include <pybind11/stl.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <optional>
 #include <thread>
 
+#include "bindings.h"
 #include "decoder.h"
 #include "sampler.h"
 
-namespace py = pybind11;
 using namespace zen5;
 
 namespace {
@@ -49,182 +47,6 @@ py::array_t<float> to_array(const std::vector<float>& v) {
     py::array_t<float> a(v.size());
     std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(float));
     return a;
-}
-
-const Kernels& kernels_for(const std::string& isa) { return kernels_by_name(isa.c_str()); }
-
-// (n, kv_dim) key rows in the cache's transposed tiles of kKeyTile positions; the last tile's
-// unused positions hold NaN, which no score may read.
-template <typename T>
-std::vector<T> key_tiles(const T* k, int n, int kv_dim) {
-    const int tiles = (n + kKeyTile - 1) / kKeyTile;
-    std::vector<T> out(size_t(tiles) * kv_dim * kKeyTile, sizeof(T) == 2 ? T(0x7E00) : T(NAN));
-    copy_key_tiles(out.data(), const_cast<T*>(k), n, kv_dim, false);
-    return out;
-}
-
-using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
-using U8Array = py::array_t<uint8_t, py::array::c_style>;
-
-void register_kernels(py::module_& m) {
-    // Direct access to each kernel of either table, for the ref-vs-AVX-512 tests.
-    m.def("kernel_matmul", [](const std::string& isa, int type, U8Array w, int64_t rows, int64_t cols, F32Array x) {
-        const Kernels& k = kernels_for(isa);
-        const size_t rb = row_bytes(type, cols);
-        if (rb == 0 || size_t(w.size()) != rb * size_t(rows)) throw ZenError("weight bytes do not match type/shape");
-        if (x.ndim() != 2 || x.shape(1) != cols) throw ZenError("x must be (n, cols)");
-        const int n = int(x.shape(0));
-        py::array_t<float> y({py::ssize_t(n), py::ssize_t(rows)});
-        WeightView wv{w.data(), type, rows, cols, rb};
-        FloatPanels panels;  // float types: the layout the AVX-512 kernel reads, as the Model packs it
-        AlignedBytes storage;
-        if (const size_t bytes = float_panel_bytes(type, rows, cols)) {
-            storage = alloc_zeroed(bytes);
-            pack_float_panels(wv, panels, storage.get());
-            wv.panels = &panels;
-        }
-        k.matmul(wv, 0, rows, x.data(), n, cols, y.mutable_data(), rows);
-        return y;
-    });
-    m.def("kernel_matmul_int8", [](const std::string& isa, int type, U8Array w, int64_t rows, int64_t cols, F32Array x) {
-        const Kernels& k = kernels_for(isa);
-        const size_t rb = row_bytes(type, cols);
-        if (rb == 0 || size_t(w.size()) != rb * size_t(rows)) throw ZenError("weight bytes do not match type/shape");
-        if (x.ndim() != 2 || x.shape(1) != cols) throw ZenError("x must be (n, cols)");
-        PackedWeights pw;
-        AlignedBytes storage;
-        if (!pack_weights(WeightView{w.data(), type, rows, cols, rb}, pw, storage)) throw ZenError("type is not packable");
-        const int n = int(x.shape(0));
-        std::vector<int8_t> q(size_t(n) * cols);
-        std::vector<float> d(size_t(n) * cols / QK);
-        std::vector<int32_t> c(size_t(n) * cols / QK);
-        std::vector<float> ds(size_t(n) * cols / QK);
-        k.quantize_act(x.data(), n, cols, n, q.data(), d.data(), c.data(), ds.data());
-        py::array_t<float> y({py::ssize_t(n), py::ssize_t(rows)});
-        k.matmul_int8(pw, 0, rows, QuantAct{q.data(), d.data(), c.data(), ds.data(), cols, n}, n, y.mutable_data(), rows);
-        return y;
-    });
-    m.def("kernel_dequant_row", [](const std::string& isa, int type, U8Array src, int64_t n) {
-        const size_t rb = row_bytes(type, n);
-        if (rb == 0 || size_t(src.size()) < rb) throw ZenError("source bytes do not match type/length");
-        py::array_t<float> out(n);
-        kernels_for(isa).dequant_row(type, src.data(), n, out.mutable_data());
-        return out;
-    });
-    m.def("kernel_dot", [](const std::string& isa, F32Array a, F32Array b) {
-        if (a.size() != b.size()) throw ZenError("length mismatch");
-        return kernels_for(isa).dot(a.data(), b.data(), a.size());
-    });
-    m.def("kernel_axpy", [](const std::string& isa, float alpha, F32Array x, F32Array y) {
-        if (x.size() != y.size()) throw ZenError("length mismatch");
-        py::array_t<float> out(y.size());
-        std::memcpy(out.mutable_data(), y.data(), y.size() * 4);
-        kernels_for(isa).axpy(alpha, x.data(), out.mutable_data(), x.size());
-        return out;
-    });
-    m.def("kernel_add", [](const std::string& isa, F32Array y, F32Array x) {
-        if (x.size() != y.size()) throw ZenError("length mismatch");
-        py::array_t<float> out(y.size());
-        std::memcpy(out.mutable_data(), y.data(), y.size() * 4);
-        kernels_for(isa).add(out.mutable_data(), x.data(), x.size());
-        return out;
-    });
-    m.def("kernel_rmsnorm", [](const std::string& isa, F32Array x, F32Array w, float eps) {
-        if (x.size() != w.size()) throw ZenError("length mismatch");
-        py::array_t<float> out(x.size());
-        kernels_for(isa).rmsnorm(x.data(), w.data(), x.size(), eps, out.mutable_data());
-        return out;
-    });
-    // q: (hd,) or (nq, hd); k: (n, stride >= hd) rows, tiled here like the cache (kernels.h)
-    // with kv_dim = stride. Scores: (n,) or (nq, n).
-    m.def("kernel_attn_scores", [](const std::string& isa, F32Array q, F32Array k, int hd, float scale) {
-        if (k.ndim() != 2 || k.shape(1) < hd || q.size() % hd || q.size() == 0) throw ZenError("k must be (n, stride >= hd), q (nq, hd)");
-        const int n = int(k.shape(0)), nq = int(q.size() / hd);
-        py::array_t<float> out(q.ndim() == 1 ? std::vector<py::ssize_t>{n} : std::vector<py::ssize_t>{nq, n});
-        const std::vector<float> tiles = key_tiles(k.data(), n, int(k.shape(1)));
-        kernels_for(isa).attn_scores(q.data(), nq, tiles.data(), k.shape(1) * kKeyTile, n, hd, scale, out.mutable_data(), n);
-        return out;
-    });
-    m.def("kernel_to_f16", [](const std::string& isa, F32Array x) {
-        py::array_t<uint16_t> out(x.size());
-        kernels_for(isa).to_f16(x.data(), x.size(), out.mutable_data());
-        return out;
-    });
-    m.def("kernel_attn_scores_h", [](const std::string& isa, F32Array q, py::array_t<uint16_t, py::array::c_style> k, int hd, float scale) {
-        if (k.ndim() != 2 || k.shape(1) < hd || q.size() % hd || q.size() == 0) throw ZenError("k must be (n, stride >= hd), q (nq, hd)");
-        const int n = int(k.shape(0)), nq = int(q.size() / hd);
-        py::array_t<float> out(q.ndim() == 1 ? std::vector<py::ssize_t>{n} : std::vector<py::ssize_t>{nq, n});
-        const std::vector<uint16_t> tiles = key_tiles(k.data(), n, int(k.shape(1)));
-        kernels_for(isa).attn_scores_h(q.data(), nq, tiles.data(), k.shape(1) * kKeyTile, n, hd, scale, out.mutable_data(), n);
-        return out;
-    });
-    // p: (n,) or (nq, n); v: (n, stride >= hd). Output: (hd,) or (nq, hd), from zero.
-    m.def("kernel_attn_values_h", [](const std::string& isa, F32Array p, py::array_t<uint16_t, py::array::c_style> v, int hd) {
-        const int n = int(v.shape(0)), nq = n ? int(p.size() / n) : 0;
-        if (v.ndim() != 2 || v.shape(1) < hd || n == 0 || p.size() != py::ssize_t(nq) * n) throw ZenError("v must be (n, stride >= hd), p (nq, n)");
-        py::array_t<float> out(p.ndim() == 1 ? std::vector<py::ssize_t>{hd} : std::vector<py::ssize_t>{nq, hd});
-        std::fill(out.mutable_data(), out.mutable_data() + out.size(), 0.0f);
-        kernels_for(isa).attn_values_h(p.data(), n, nq, v.data(), v.shape(1), n, hd, out.mutable_data(), hd);
-        return out;
-    });
-    // The q8_0 cache's kernels: k / v (n, stride >= hd) int8 rows with one scale per position,
-    // ks / vs (n,), laid out here like the cache (key_q8_index, value_q8_index; kv_dim = stride).
-    using I8Array = py::array_t<int8_t, py::array::c_style>;
-    m.def("kernel_attn_scores_q8", [](const std::string& isa, F32Array q, I8Array k, F32Array ks, int hd, float scale) {
-        if (k.ndim() != 2 || k.shape(1) < hd || hd % 4 || q.size() % hd || q.size() == 0 || ks.size() != k.shape(0))
-            throw ZenError("k must be (n, stride >= hd), ks (n,), q (nq, hd), hd a multiple of 4");
-        const int n = int(k.shape(0)), nq = int(q.size() / hd), kvd = int(k.shape(1));
-        py::array_t<float> out(q.ndim() == 1 ? std::vector<py::ssize_t>{n} : std::vector<py::ssize_t>{nq, n});
-        std::vector<uint8_t> tiles(size_t((n + kKeyTile - 1) / kKeyTile) * kvd * kKeyTile, 0xEE);
-        for (int p = 0; p < n; ++p)
-            for (int c = 0; c < kvd; ++c) tiles[key_q8_index(p, c, kvd)] = uint8_t(k.data()[size_t(p) * kvd + c] + 128);
-        kernels_for(isa).attn_scores_q8(q.data(), nq, tiles.data(), ks.data(), int64_t(kvd) * kKeyTile, n, hd, scale,
-                                        out.mutable_data(), n);
-        return out;
-    });
-    m.def("kernel_attn_values_q8", [](const std::string& isa, F32Array p, I8Array v, F32Array vs, int hd) {
-        const int n = int(v.shape(0)), nq = n ? int(p.size() / n) : 0, kvd = int(v.shape(1));
-        if (v.ndim() != 2 || kvd < hd || n == 0 || p.size() != py::ssize_t(nq) * n || vs.size() != n)
-            throw ZenError("v must be (n, stride >= hd), vs (n,), p (nq, n)");
-        py::array_t<float> out(p.ndim() == 1 ? std::vector<py::ssize_t>{hd} : std::vector<py::ssize_t>{nq, hd});
-        std::fill(out.mutable_data(), out.mutable_data() + out.size(), 0.0f);
-        std::vector<int8_t> quads(size_t((n + 3) / 4) * kvd * 4, int8_t(0x5A));  // the tail holds junk, as a cache may
-        for (int i = 0; i < n; ++i)
-            for (int c = 0; c < kvd; ++c) quads[value_q8_index(i, c, kvd)] = v.data()[size_t(i) * kvd + c];
-        kernels_for(isa).attn_values_q8(p.data(), n, nq, quads.data(), vs.data(), int64_t(kvd) * 4, n, hd,
-                                        out.mutable_data(), hd);
-        return out;
-    });
-    m.def("kernel_quantize_s8", [](F32Array x) {
-        py::array_t<int8_t> q(x.size());
-        int32_t sum;
-        const float d = quantize_s8(x.data(), int(x.size()), q.mutable_data(), &sum);
-        return py::make_tuple(q, d, sum);
-    });
-    m.def("kernel_softmax", [](const std::string& isa, F32Array x) {
-        py::array_t<float> out(x.size());
-        std::memcpy(out.mutable_data(), x.data(), x.size() * 4);
-        float mx, *o = out.mutable_data();
-        if (x.size()) {
-            const float sum = kernels_for(isa).softmax_partial(o, int(x.size()), &mx);
-            for (py::ssize_t i = 0; i < x.size(); ++i) o[i] /= sum;  // normalized (base 2), for the tests
-        }
-        return out;
-    });
-    m.def("kernel_attn_values", [](const std::string& isa, F32Array p, F32Array v, int hd) {
-        const int n = int(v.shape(0)), nq = n ? int(p.size() / n) : 0;
-        if (v.ndim() != 2 || v.shape(1) < hd || n == 0 || p.size() != py::ssize_t(nq) * n) throw ZenError("v must be (n, stride >= hd), p (nq, n)");
-        py::array_t<float> out(p.ndim() == 1 ? std::vector<py::ssize_t>{hd} : std::vector<py::ssize_t>{nq, hd});
-        std::fill(out.mutable_data(), out.mutable_data() + out.size(), 0.0f);
-        kernels_for(isa).attn_values(p.data(), n, nq, v.data(), v.shape(1), n, hd, out.mutable_data(), hd);
-        return out;
-    });
-    m.def("kernel_swiglu", [](const std::string& isa, F32Array g, F32Array u) {
-        if (g.size() != u.size()) throw ZenError("length mismatch");
-        py::array_t<float> out(g.size());
-        kernels_for(isa).swiglu(g.data(), u.data(), g.size(), out.mutable_data());
-        return out;
-    });
 }
 
 }  // namespace
@@ -337,7 +159,7 @@ PYBIND11_MODULE(_native, m) {
             std::string s = b;
             py::gil_scoped_release nogil;
             c.restore(s);
-        })
+        }, py::arg("blob"))
         .def("logits", [](const Context& c) {
             if (!c.logits_valid()) throw ZenError("no logits: evaluate at least one token first");
             return to_array(c.logits());
@@ -345,5 +167,5 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("n_past", &Context::n_past)
         .def_property_readonly("n_ctx", &Context::n_ctx);
 
-    register_kernels(m);
+    register_testing(m);
 }

@@ -1,6 +1,6 @@
 // The forward pass, read top to bottom like a recipe (llama2.c style): embed, then per layer
-// RMSNorm -> q/k/v (+bias, +per-head norm) -> RoPE -> append to cache -> causal attention ->
-// output projection + residual -> RMSNorm -> SwiGLU MLP + residual; final norm and the head.
+// RMSNorm -> q/k/v (+bias, +per-head norm) -> RoPE -> append to the KV cache (kv_cache.cpp) ->
+// causal attention (attention.cpp) -> output projection + residual -> RMSNorm -> SwiGLU MLP + residual; final norm and the head.
 // Prefill runs in chunks of kChunk tokens so every matmul streams a weight row once per chunk.
 #include "decoder.h"
 
@@ -33,34 +33,10 @@ struct SnapshotHeader {
 
 }  // namespace
 
-KvType kv_type_from_name(const std::string& name) {
-    if (name == "f32") return KvType::F32;
-    if (name == "f16") return KvType::F16;
-    if (name == "q8_0") return KvType::Q8_0;
-    throw ZenError("KV cache type must be f32, f16 or q8_0, got '" + name + "'");
-}
-
-const char* kv_type_name(KvType t) {
-    return t == KvType::F32 ? "f32" : t == KvType::F16 ? "f16" : "q8_0";
-}
-
 Context::Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* kernels, bool int8_matmul, KvType kv)
-    : model_(std::move(model)), k_(kernels ? *kernels : active_kernels()), n_ctx_(n_ctx), int8_(int8_matmul), kv_(kv) {
+    : model_(std::move(model)), k_(kernels ? *kernels : active_kernels()), n_ctx_(n_ctx), int8_(int8_matmul),
+      cache_(model_->cfg, n_ctx, kv) {  // throws when n_ctx is not positive
     const Config& c = model_->cfg;
-    if (n_ctx <= 0) throw ZenError("n_ctx must be positive");
-    kv_elem_ = kv_ == KvType::F32 ? 4 : kv_ == KvType::F16 ? 2 : 1;
-    n_rows_ = (n_ctx + kKeyTile - 1) / kKeyTile * kKeyTile;
-    const size_t kv_size = size_t(c.n_layer) * n_rows_ * c.kv_dim() * kv_elem_;
-    kcache_ = alloc_zeroed(kv_size);
-    vcache_ = alloc_zeroed(kv_size);
-    if (kv_ == KvType::Q8_0) {
-        // a head starts on a channel quad (key_q8_index); store_kv quantizes a head on the stack
-        if (c.head_dim % 4 != 0 || c.head_dim > 512)
-            throw ZenError("the q8_0 KV cache needs a head size that is a multiple of 4 and at most 512, not " +
-                           std::to_string(c.head_dim));
-        kscale_.assign(size_t(c.n_layer) * c.n_head_kv * n_rows_, 0.0f);
-        vscale_.assign(kscale_.size(), 0.0f);
-    }
     x_.resize(size_t(kChunk) * c.n_embd);
     xb_.resize(size_t(kChunk) * std::max(c.n_embd, c.q_dim()));
     q_.resize(size_t(kChunk) * c.q_dim());
@@ -154,7 +130,7 @@ void Context::matmuls(std::initializer_list<MatJob> jobs, int n) {
     // Decode and small batches (<= 8 tokens, e.g. a speculative verification): one slice per
     // thread. Their phases last tens of microseconds, and every extra slice is one more claim on
     // the pool's shared counter (a cache line that moves between cores): 4 slices per thread
-    // measured 1-6% slower for Q4_1 decode at 2 threads (3 alternating pairs).
+    // measured slower for decode at 2 threads (alternating pairs; commit c8b6cd7).
     const int per_thread = n > 8 ? 4 : 1;
     const int64_t per = std::max<int64_t>(gran, (total_rows / (nt * per_thread) + gran - 1) / gran * gran);
     // Task t is slice t - first[job] of the job with first[job] <= t < first[job + 1], computed
@@ -224,151 +200,6 @@ void Context::apply_rope(float* v, int n_heads, const float* cs) const {
     }
 }
 
-size_t Context::kv_bytes_per_token() const {
-    const Config& c = model_->cfg;
-    return size_t(c.n_layer) * 2 * (size_t(c.kv_dim()) * kv_elem_ + (kv_ == KvType::Q8_0 ? 4 * c.n_head_kv : 0));
-}
-
-void Context::store_kv(int layer, int pos, const float* k, const float* v) {
-    const int KV = model_->cfg.kv_dim();
-    uint8_t* K = const_cast<uint8_t*>(kv_layer(kcache_, layer));
-    uint8_t* V = const_cast<uint8_t*>(kv_layer(vcache_, layer));
-    if (kv_ == KvType::Q8_0) {  // key_q8_index / value_q8_index layouts (kernels.h)
-        const int hd = model_->cfg.head_dim;
-        int8_t q[512];
-        int32_t sum;
-        for (int h = 0; h < model_->cfg.n_head_kv; ++h) {
-            vscale_[scale_index(layer, h) + pos] = quantize_s8(v + h * hd, hd, q, &sum);
-            for (int i = 0; i < hd; ++i) V[value_q8_index(pos, h * hd + i, KV)] = uint8_t(q[i]);
-            kscale_[scale_index(layer, h) + pos] = quantize_s8(k + h * hd, hd, q, &sum);
-            for (int i = 0; i < hd; ++i) K[key_q8_index(pos, h * hd + i, KV)] = uint8_t(q[i] + 128);
-        }
-        return;
-    }
-    // V is a row; K's channels go to their rows of the position's key tile, kKeyTile apart.
-    V += size_t(pos) * KV * kv_elem_;
-    const size_t k0 = key_index(pos, 0);
-    if (kv_ == KvType::F16) {
-        k_.to_f16(v, KV, reinterpret_cast<uint16_t*>(V));
-        uint16_t h[64];
-        for (int c0 = 0; c0 < KV; c0 += 64) {
-            const int m = std::min(64, KV - c0);
-            k_.to_f16(k + c0, m, h);
-            for (int i = 0; i < m; ++i) reinterpret_cast<uint16_t*>(K)[k0 + size_t(c0 + i) * kKeyTile] = h[i];
-        }
-    } else {
-        std::memcpy(V, v, sizeof(float) * KV);
-        for (int i = 0; i < KV; ++i) reinterpret_cast<float*>(K)[k0 + size_t(i) * kKeyTile] = k[i];
-    }
-}
-
-static_assert(Context::kSplit % kKeyTile == 0, "a split starts on a key tile");
-
-void Context::attention(int layer, int n) {
-    // Causal attention for the n new tokens at positions n_past_ .. n_past_+n-1 (whose k/v are
-    // already in the cache). At long context decode is bound by reading K and V, and prefill by
-    // the arithmetic. A unit of work is tb = kQB / group of the chunk's tokens: for each kv head
-    // its tb x group queries are scored together (each key tile loaded once for all of them,
-    // positions in the lanes) and summed together (each value row loaded once). The cache is
-    // cut into splits of kSplit positions, and a task is one (unit, split); it leaves per query
-    // a partial softmax (max, sum of exp, unnormalized output). Splits let a single decoded
-    // token use every thread and keep the score rows in L2 at any context length. The task that
-    // finishes a unit's last split merges its partials in split order (flash-decoding). A
-    // query's arithmetic depends only on its own length, never on the batch or the thread that
-    // ran it, so a batch equals the tokens one by one, bit for bit.
-    const Config& c = model_->cfg;
-    const int hd = c.head_dim, kvd = c.kv_dim(), group = c.n_head / c.n_head_kv;
-    const int n_splits_max = (n_ctx_ + kSplit - 1) / kSplit, pstride = hd + 2;
-    // scores in base-2 units: softmax_partial and the merge below use exp2 (kernels.h)
-    const float scale = 1.4426950408889634f / std::sqrt(float(hd));
-    const bool h16 = kv_ == KvType::F16, q8 = kv_ == KvType::Q8_0;
-    const uint8_t *K = kv_layer(kcache_, layer), *V = kv_layer(vcache_, layer);
-    const int tb = std::max(1, kQB / group), units = (n + tb - 1) / tb;
-    const int64_t tstride = int64_t(kvd) * kKeyTile;  // elements between key tiles
-    const int64_t lds = kSplit, ldp = int64_t(n_splits_max) * pstride;  // score rows; partials of a kv head
-    auto scores = [&](const float* q, int nq, int kvh, int p0, int cnt, float* out) {  // p0: tile aligned
-        const size_t off = key_index(p0, kvh * hd);
-        if (h16) k_.attn_scores_h(q, nq, reinterpret_cast<const uint16_t*>(K) + off, tstride, cnt, hd, scale, out, lds);
-        else if (q8)  // same offset: a tile-aligned position and a head's first channel
-            k_.attn_scores_q8(q, nq, K + off, kscale_.data() + scale_index(layer, kvh) + p0, tstride, cnt, hd, scale,
-                              out, lds);
-        else k_.attn_scores(q, nq, reinterpret_cast<const float*>(K) + off, tstride, cnt, hd, scale, out, lds);
-    };
-    auto values = [&](const float* p, int nq, int kvh, int p0, int cnt, float* out) {
-        const size_t off = size_t(p0) * kvd + kvh * hd;
-        if (h16) k_.attn_values_h(p, lds, nq, reinterpret_cast<const uint16_t*>(V) + off, kvd, cnt, hd, out, ldp);
-        else if (q8)  // p0 is a multiple of 32 (below)
-            k_.attn_values_q8(p, lds, nq, reinterpret_cast<const int8_t*>(V) + value_q8_index(p0, kvh * hd, kvd),
-                              vscale_.data() + scale_index(layer, kvh) + p0, int64_t(kvd) * 4, cnt, hd, out, ldp);
-        else k_.attn_values(p, lds, nq, reinterpret_cast<const float*>(V) + off, kvd, cnt, hd, out, ldp);
-    };
-    auto len_of = [&](int t) { return n_past_ + t + 1; };  // positions token t attends to
-    auto partial = [&](int t, int kvh, int split) {  // the first of token t's queries on kv head kvh
-        return part_.data() + ((size_t(kvh) * kChunk + t) * group * n_splits_max + split) * pstride;
-    };
-    const int splits = (n_past_ + n + kSplit - 1) / kSplit;  // of the last token
-    // A decoded token's tasks, or a batch of one unit's (a speculative verification), are
-    // (split, kv head): under 2 x kSplit positions a split per task would leave a thread idle.
-    // Prefill has units enough. (Which task computes what never changes the arithmetic.)
-    const int kvt = units == 1 ? c.n_head_kv : 1, heads = c.n_head_kv / kvt;
-    for (int u = 0; u < units; ++u) {
-        const int t1 = std::min(n, (u + 1) * tb);
-        pending_[u].store((len_of(t1 - 1) + kSplit - 1) / kSplit * kvt, std::memory_order_relaxed);
-    }
-    // split-major: the two threads work on neighbouring cache positions
-    model_->pool.run(units * splits * kvt, [&](int task, int thread) {
-        const int u = task % units, split = task / units / kvt, h0 = task / units % kvt * heads, h1 = h0 + heads;
-        const int t0 = u * tb, t1 = std::min(n, t0 + tb), nq = (t1 - t0) * group;
-        const int c0 = split * kSplit, c1 = std::min(c0 + kSplit, len_of(t1 - 1));
-        if (c0 >= c1) return;  // no token of this unit reaches this split
-        auto cnt_of = [&](int t) { return std::min(len_of(t), c1) - c0; };  // <= 0: t ends before c0
-        // positions every token of the unit sees; q8_0 values quantize the weights per 32
-        // positions, so there the shared call stops at a multiple of 32 (the tokens' own calls
-        // then start on a block, and a token's blocks are the same as when it runs alone)
-        const int common = q8 ? std::max(0, cnt_of(t0)) / 32 * 32 : std::max(0, cnt_of(t0));
-        float* S = scores_.data() + size_t(thread) * tb * c.n_head * kSplit;  // (n_head_kv, tb x group, kSplit)
-        auto srow = [&](int kvh, int t) { return S + (size_t(kvh) * tb + (t - t0)) * group * kSplit; };
-        for (int kvh = h0; kvh < h1; ++kvh)  // the kv head's queries of the unit, side by side
-            scores(qh_.data() + (size_t(kvh) * kChunk + t0) * group * hd, nq, kvh, c0, c1 - c0, srow(kvh, t0));
-        for (int t = t0; t < t1; ++t) {
-            const int cnt = cnt_of(t);
-            for (int kvh = h0; cnt > 0 && kvh < h1; ++kvh)
-                for (int g = 0; g < group; ++g) {
-                    float* P = partial(t, kvh, split) + size_t(g) * ldp;
-                    P[1] = k_.softmax_partial(srow(kvh, t) + size_t(g) * kSplit, cnt, &P[0]);
-                    std::memset(P + 2, 0, sizeof(float) * hd);
-                }
-        }
-        for (int kvh = h0; kvh < h1; ++kvh) {
-            // positions all of the unit's tokens see, then each token's own remainder (the
-            // diagonal): a query's sum runs over its positions in order either way
-            if (common > 0) values(srow(kvh, t0), nq, kvh, c0, common, partial(t0, kvh, split) + 2);
-            for (int t = t0; t < t1; ++t)
-                if (cnt_of(t) > common)
-                    values(srow(kvh, t) + common, group, kvh, c0 + common, cnt_of(t) - common, partial(t, kvh, split) + 2);
-        }
-        if (pending_[u].fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-        for (int t = t0; t < t1; ++t)  // the unit's last split: merge in split order
-            for (int h = 0; h < c.n_head; ++h) {
-                const float* P0 = partial(t, h / group, 0) + size_t(h % group) * ldp;
-                const int ns = (len_of(t) + kSplit - 1) / kSplit;
-                float mx = P0[0];
-                for (int s = 1; s < ns; ++s) mx = std::max(mx, P0[size_t(s) * pstride]);
-                float* out = att_.data() + (size_t(t) * c.n_head + h) * hd;
-                std::memset(out, 0, sizeof(float) * hd);
-                float sum = 0.0f;
-                for (int s = 0; s < ns; ++s) {
-                    const float* P = P0 + size_t(s) * pstride;
-                    const float w = std::exp2(P[0] - mx);
-                    sum += P[1] * w;
-                    k_.axpy(w, P + 2, out, hd);
-                }
-                const float inv = 1.0f / sum;
-                for (int d = 0; d < hd; ++d) out[d] *= inv;
-            }
-    });
-}
-
 void Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
     const Model& m = *model_;
     const Config& c = m.cfg;
@@ -402,7 +233,7 @@ void Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
                 const float* cs = rope_cs_.data() + size_t(t) * hd;
                 apply_rope(q, c.n_head, cs);
                 apply_rope(k, c.n_head_kv, cs);
-                store_kv(l, n_past_ + t, k, v);
+                cache_.store(k_, l, n_past_ + t, k, v);
                 for (int h = 0; h < c.n_head_kv; ++h)  // attention reads a kv head's queries of a unit in one run
                     std::memcpy(qh_.data() + (size_t(h) * kChunk + t) * group * hd, q + size_t(h) * group * hd,
                                 sizeof(float) * group * hd);
@@ -441,35 +272,6 @@ void Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
         std::memcpy(logits_.data(), all_logits + size_t(n - 1) * c.vocab_size, sizeof(float) * c.vocab_size);
 }
 
-void Context::copy_rows(int layer, char* krows, char* vrows, bool to_rows) const {
-    // A snapshot stores K and V as plain (n_past, kv_dim) rows (q8_0: signed bytes): the file
-    // does not depend on the cache's layouts, and holds nothing of the positions past n_past.
-    const int KV = model_->cfg.kv_dim();
-    uint8_t* K = const_cast<uint8_t*>(kv_layer(kcache_, layer));
-    uint8_t* V = const_cast<uint8_t*>(kv_layer(vcache_, layer));
-    if (kv_ == KvType::Q8_0) {
-        auto* kr = reinterpret_cast<int8_t*>(krows);
-        auto* vr = reinterpret_cast<int8_t*>(vrows);
-        for (int p = 0; p < n_past_; ++p)
-            for (int c = 0; c < KV; ++c) {
-                uint8_t& kb = K[key_q8_index(p, c, KV)];
-                uint8_t& vb = V[value_q8_index(p, c, KV)];
-                int8_t& kx = kr[size_t(p) * KV + c];
-                int8_t& vx = vr[size_t(p) * KV + c];
-                if (to_rows) kx = int8_t(kb - 128), vx = int8_t(vb);
-                else kb = uint8_t(kx + 128), vb = uint8_t(vx);
-            }
-        return;
-    }
-    const size_t bytes = size_t(n_past_) * KV * kv_elem_;  // V is already rows
-    if (to_rows) std::memcpy(vrows, V, bytes);
-    else std::memcpy(V, vrows, bytes);
-    if (kv_elem_ == 2)
-        copy_key_tiles(reinterpret_cast<uint16_t*>(K), reinterpret_cast<uint16_t*>(krows), n_past_, KV, to_rows);
-    else
-        copy_key_tiles(reinterpret_cast<float*>(K), reinterpret_cast<float*>(krows), n_past_, KV, to_rows);
-}
-
 std::string Context::snapshot() const {
     const Config& c = model_->cfg;
     SnapshotHeader h{};
@@ -484,21 +286,11 @@ std::string Context::snapshot() const {
     h.n_past = n_past_;
     h.logits_valid = logits_valid_;
     h.int8_matmul = int8_;
-    h.kv_type = uint32_t(kv_);
-    const size_t rows = size_t(n_past_) * c.kv_dim() * kv_elem_;
+    h.kv_type = uint32_t(cache_.type());
     std::string out;
     out.reserve(sizeof h + n_past_ * kv_bytes_per_token() + logits_.size() * 4 + 8);
     out.append(reinterpret_cast<const char*>(&h), sizeof h);
-    auto append_scales = [&](const std::vector<float>& s, int l) {  // q8_0: (n_head_kv, n_past) f32
-        for (int kvh = 0; kvh < c.n_head_kv; ++kvh)
-            out.append(reinterpret_cast<const char*>(s.data() + scale_index(l, kvh)), sizeof(float) * n_past_);
-    };
-    for (int l = 0; l < c.n_layer; ++l) {  // K rows then V rows, (n_past, kv_dim) each
-        const size_t at = out.size();
-        out.resize(at + 2 * rows);
-        copy_rows(l, &out[at], &out[at + rows], true);
-        if (kv_ == KvType::Q8_0) append_scales(kscale_, l), append_scales(vscale_, l);
-    }
+    cache_.save(n_past_, out);  // per layer K rows then V rows, (n_past, kv_dim) each (KvCache::save)
     out.append(reinterpret_cast<const char*>(logits_.data()), logits_.size() * 4);
     const uint64_t sum = hash_bytes(out.data(), out.size(), 42);
     out.append(reinterpret_cast<const char*>(&sum), 8);
@@ -521,14 +313,13 @@ void Context::restore(const std::string& blob) {
     if (h.int8_matmul != uint32_t(int8_))
         throw ModelMismatch(std::string("snapshot was computed with ") + (h.int8_matmul ? "int8" : "f32") +
                             " matmuls; this context uses " + (int8_ ? "int8" : "f32"));
-    if (h.kv_type != uint32_t(kv_))
+    if (h.kv_type != uint32_t(cache_.type()))
         throw ModelMismatch(std::string("snapshot holds a ") +
                             (h.kv_type <= 2 ? kv_type_name(KvType(h.kv_type)) : "unknown") +
-                            " KV cache; this context's is " + kv_type_name(kv_));
+                            " KV cache; this context's is " + kv_type_name(cache_.type()));
     if (h.n_past > uint32_t(n_ctx_))
         throw ContextOverflow("snapshot holds " + std::to_string(h.n_past) + " tokens, more than the context of " +
                               std::to_string(n_ctx_));
-    const size_t rows = size_t(h.n_past) * c.kv_dim() * kv_elem_;
     const size_t expect = sizeof h + h.n_past * kv_bytes_per_token() + size_t(c.vocab_size) * 4 + 8;
     if (blob.size() != expect)
         throw BadSnapshot("snapshot is " + std::to_string(blob.size()) + " bytes, expected " + std::to_string(expect));
@@ -536,16 +327,9 @@ void Context::restore(const std::string& blob) {
     std::memcpy(&sum, blob.data() + blob.size() - 8, 8);
     if (sum != hash_bytes(blob.data(), blob.size() - 8, 42)) throw BadSnapshot("snapshot checksum mismatch (corrupted)");
 
-    const char* p = blob.data() + sizeof h;
-    n_past_ = int(h.n_past);  // copy_rows reads it
-    for (int l = 0; l < c.n_layer; ++l) {
-        copy_rows(l, const_cast<char*>(p), const_cast<char*>(p + rows), false), p += 2 * rows;
-        if (kv_ == KvType::Q8_0)
-            for (std::vector<float>* s : {&kscale_, &vscale_})
-                for (int kvh = 0; kvh < c.n_head_kv; ++kvh)
-                    std::memcpy(s->data() + scale_index(l, kvh), p, sizeof(float) * h.n_past), p += sizeof(float) * h.n_past;
-    }
-    std::memcpy(logits_.data(), p, size_t(c.vocab_size) * 4);
+    n_past_ = int(h.n_past);
+    cache_.load(n_past_, blob.data() + sizeof h);
+    std::memcpy(logits_.data(), blob.data() + sizeof h + size_t(n_past_) * kv_bytes_per_token(), size_t(c.vocab_size) * 4);
     logits_valid_ = h.logits_valid != 0;
 }
 

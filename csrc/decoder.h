@@ -1,6 +1,6 @@
-// Context: one sequence's KV cache, scratch buffers and last logits over a shared Model.
-// The cache is position-indexed, so rewinding is just forgetting positions (n_past = n), and a
-// snapshot is the K/V rows themselves plus the last logits: restore is bit exact.
+// Context: one sequence's KV cache (kv_cache.h), scratch buffers and last logits over a shared
+// Model. The cache is position-indexed, so rewinding is just forgetting positions (n_past = n),
+// and a snapshot is the K/V rows themselves plus the last logits: restore is bit exact.
 #pragma once
 #include <atomic>
 #include <functional>
@@ -9,16 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "kv_cache.h"
 #include "model.h"
 
 namespace zen5 {
-
-// How the cache stores K and V: fp32 (the exact path), fp16 (the int8 path's default) or int8
-// with one fp32 scale per position and kv head (q8_0: about half of fp16's bytes, the
-// attention's memory traffic at long context halved, at a small loss of precision).
-enum class KvType : uint32_t { F32 = 0, F16 = 1, Q8_0 = 2 };
-KvType kv_type_from_name(const std::string& name);  // "f32" | "f16" | "q8_0"; throws ZenError
-const char* kv_type_name(KvType t);
 
 class Context {
   public:
@@ -29,8 +23,8 @@ class Context {
     Context(std::shared_ptr<const Model> model, int n_ctx, const Kernels* kernels = nullptr,
             bool int8_matmul = true, KvType kv = KvType::F16);
     const char* isa() const { return k_.name; }
-    KvType kv_type() const { return kv_; }
-    size_t kv_bytes_per_token() const;  // K and V of one position over all layers, scales included
+    KvType kv_type() const { return cache_.type(); }
+    size_t kv_bytes_per_token() const { return cache_.bytes_per_token(); }
 
     // Appends tokens at n_past and computes the logits of the last one. When all_logits is
     // non-null it receives (n, vocab) logits, one row per token. Throws ContextOverflow
@@ -50,13 +44,23 @@ class Context {
     const std::vector<float>& logits() const { return logits_; }
     const Model& model() const { return *model_; }
 
-    static constexpr int kChunk = 256;  // tokens per prefill step: weights stream once per chunk (64 -> 256: pp512 +7-15%)
+    // tokens per prefill step: weights stream once per chunk (64 -> 256: A/B in commit 2c3f59a)
+    static constexpr int kChunk = 256;
     static constexpr int kQB = 24;     // query vectors per kv head in an attention task (the widest score group)
     static constexpr int kSplit = kAttnSplit;  // cache positions per attention split (kernels.h)
 
   private:
     void forward_chunk(const int32_t* tokens, int n, float* all_logits);
+    // Causal attention of the n new tokens (attention.cpp): attention() plans the work and picks
+    // the reader of the cache's type, attend() runs the tasks, attention_task() is one (unit,
+    // split) and merge_unit() the last step of a unit.
+    struct AttnPlan;
     void attention(int layer, int n);
+    template <class Reader> void attend(const Reader& kv, const AttnPlan& a);
+    template <class Reader> void attention_task(const Reader& kv, const AttnPlan& a, int task, int thread);
+    void merge_unit(const AttnPlan& a, int t0, int t1);
+    float* partial(const AttnPlan& a, int t, int kvh, int split);  // token t's first query on kv head kvh
+    int len_of(int t) const { return n_past_ + t + 1; }           // positions token t attends to
     // y = x W^T for one or more independent matrices sharing one thread-pool dispatch (q/k/v,
     // gate/up): a decoded token is a few hundred small jobs, so dispatches are worth saving.
     struct MatJob { const WeightView* w; const float* x; float* y; };
@@ -70,27 +74,7 @@ class Context {
     int n_ctx_, n_past_ = 0;
     bool logits_valid_ = false;
     bool int8_;
-    // Per layer, n_rows_ positions of kv_dim values of type kv_. V is (n_rows, kv_dim) rows; K
-    // is in transposed tiles of kKeyTile positions (kernels.h). q8_0 has its own layouts for
-    // vpdpbusd (kernels.h, key_q8_index) and its scales per layer (n_head_kv, n_rows): a head's
-    // scales are one contiguous stream in position order.
-    KvType kv_;
-    AlignedBytes kcache_, vcache_;
-    std::vector<float> kscale_, vscale_;
-    size_t kv_elem_;  // 4, 2 or 1 bytes
-    int n_rows_;      // n_ctx rounded up to whole key tiles
-    const uint8_t* kv_layer(const AlignedBytes& c, int layer) const {
-        return c.get() + size_t(layer) * n_rows_ * model_->cfg.kv_dim() * kv_elem_;
-    }
-    size_t key_index(int pos, int channel) const {  // element of (pos, channel) in a layer's K
-        return key_tile_index(pos, channel, model_->cfg.kv_dim());
-    }
-    void store_kv(int layer, int pos, const float* k, const float* v);
-    // the cache's K and V layouts <-> (n_past, kv_dim) rows each
-    void copy_rows(int layer, char* krows, char* vrows, bool to_rows) const;
-    size_t scale_index(int layer, int head) const {  // of (layer, head, position 0) in kscale_ / vscale_
-        return (size_t(layer) * model_->cfg.n_head_kv + head) * n_rows_;
-    }
+    KvCache cache_;
     // scratch, (kChunk, width)
     std::vector<float> x_, xb_, q_, kx_, vx_, att_, gate_, up_;
     std::vector<float> scores_;  // (threads, n_head_kv, kQB / group x group, kSplit)

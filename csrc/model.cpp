@@ -146,8 +146,8 @@ void Model::own_weights(const std::vector<WeightView*>& mats) {
     // (PackedWeights), F32/F16/BF16 in panels (FloatPanels). One allocation because
     // only a 2 MiB-aligned block gets huge pages, and most matrices here are smaller than 2 MiB
     // (allocated one by one, only the head got them): decode streams every byte once per token,
-    // and over 4 KiB pages a BF16 GEMV read 9-11 GB/s against 12-15 GB/s from huge pages (a
-    // standalone sweep on this machine, 269 MB of weights).
+    // and over 4 KiB pages a BF16 GEMV read markedly slower than from huge pages (a standalone
+    // sweep, 269 MB of weights; the engine's A/B: commit f402a41).
     auto own_bytes = [](const WeightView& w) {
         const size_t n = packed_bytes(w);
         return ((n ? n : float_panel_bytes(w.type, w.rows, w.cols)) + 63) / 64 * 64;

@@ -1,6 +1,6 @@
 // Token sampling over a logits vector, natively: after a forward pass has streamed ~100 MB of
-// weights through the caches, numpy's sampler (a dozen array operations) took ~200 us per token
-// from cold caches, 8% of decode at 2 threads. Its semantics are python/zen5/sampling.py's.
+// weights through the caches, numpy's sampler (a dozen array operations) was a visible share of
+// decode from cold caches (the timings: commit b931696). Its semantics are python/zen5/sampling.py's.
 #pragma once
 #include <cstdint>
 

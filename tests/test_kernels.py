@@ -8,7 +8,7 @@ random bytes with sane block scales, written in GGUF's block layouts.
 import numpy as np
 import pytest
 
-from zen5 import _native
+from zen5._native import testing
 from tiers import FAST_TIERS
 
 TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30}
@@ -48,10 +48,10 @@ def test_matmul_matches_reference(fast_isa, kind, n_tok):
     cols = 96 if kind in BLOCK_BYTES else 83  # float types: a ragged tail of 3
     w = random_weights(kind, rows, cols, rng)
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)
-    ref = _native.kernel_matmul("ref", TYPES[kind], w, rows, cols, x)
-    fast = _native.kernel_matmul(fast_isa, TYPES[kind], w, rows, cols, x)
+    ref = testing.kernel_matmul("ref", TYPES[kind], w, rows, cols, x)
+    fast = testing.kernel_matmul(fast_isa, TYPES[kind], w, rows, cols, x)
     # the independent check: dequantize with the reference and multiply in float64
-    dq = np.stack([_native.kernel_dequant_row("ref", TYPES[kind], w.reshape(rows, -1)[r], cols)
+    dq = np.stack([testing.kernel_dequant_row("ref", TYPES[kind], w.reshape(rows, -1)[r], cols)
                    for r in range(rows)])
     exact = x.astype(np.float64) @ dq.astype(np.float64).T
     scale = np.abs(x).max() * np.abs(dq).max() * np.sqrt(cols)
@@ -70,8 +70,8 @@ def test_matmul_batch_equals_one_by_one(fast_isa, kind):
     w = random_weights(kind, rows, cols, rng)
     x = rng.standard_normal((11, cols)).astype(np.float32)
     for isa in ("ref", fast_isa):
-        batch = _native.kernel_matmul(isa, TYPES[kind], w, rows, cols, x)
-        single = np.concatenate([_native.kernel_matmul(isa, TYPES[kind], w, rows, cols, x[i:i + 1])
+        batch = testing.kernel_matmul(isa, TYPES[kind], w, rows, cols, x)
+        single = np.concatenate([testing.kernel_matmul(isa, TYPES[kind], w, rows, cols, x[i:i + 1])
                                  for i in range(11)])
         assert np.array_equal(batch, single), isa
         assert np.isfinite(batch).all()
@@ -82,8 +82,8 @@ def test_dequant_row_is_exact(fast_isa, kind):
     rng = np.random.default_rng(7)
     n = 160 if kind in BLOCK_BYTES else 77
     w = random_weights(kind, 1, n, rng)
-    ref = _native.kernel_dequant_row("ref", TYPES[kind], w, n)
-    fast = _native.kernel_dequant_row(fast_isa, TYPES[kind], w, n)
+    ref = testing.kernel_dequant_row("ref", TYPES[kind], w, n)
+    fast = testing.kernel_dequant_row(fast_isa, TYPES[kind], w, n)
     report(f"dequant {kind}", ref, fast)
     assert np.array_equal(ref, fast)  # same roundings on both paths
 
@@ -96,7 +96,7 @@ def test_dequant_matches_gguf_package():
     rng = np.random.default_rng(3)
     for kind in ("Q4_0", "Q4_1", "Q8_0", "F16", "BF16"):
         w = random_weights(kind, 4, 64, rng)
-        ours = np.concatenate([_native.kernel_dequant_row("ref", TYPES[kind], row, 64)
+        ours = np.concatenate([testing.kernel_dequant_row("ref", TYPES[kind], row, 64)
                                for row in w.reshape(4, -1)])
         theirs = dequantize(w.reshape(4, -1), GGMLQuantizationType[kind]).ravel()
         assert np.array_equal(ours, theirs.astype(np.float32)), kind
@@ -107,11 +107,11 @@ def test_vector_kernels(fast_isa, n):
     rng = np.random.default_rng(n)
     a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
     w = rng.uniform(0.5, 1.5, n).astype(np.float32)
-    d_ref, d_fast = _native.kernel_dot("ref", a, b), _native.kernel_dot(fast_isa, a, b)
+    d_ref, d_fast = testing.kernel_dot("ref", a, b), testing.kernel_dot(fast_isa, a, b)
     assert abs(d_ref - d_fast) <= 1e-5 * np.sqrt(n) * (1 + abs(d_ref))
     for name, args in [("axpy", (0.37, a, b)), ("add", (a, b)), ("rmsnorm", (a, w, 1e-5)),
                        ("swiglu", (a * 8, b))]:
-        fn = getattr(_native, f"kernel_{name}")
+        fn = getattr(testing, f"kernel_{name}")
         r, f = fn("ref", *args), fn(fast_isa, *args)
         err = report(f"{name} n={n}", r, f)
         assert err.max() <= 2e-6 * (1 + np.abs(r).max()), name
@@ -120,7 +120,7 @@ def test_vector_kernels(fast_isa, n):
 def test_swiglu_extremes(fast_isa):
     g = np.array([-200, -88, -20, -1e-3, 0, 1e-3, 20, 88, 200] * 2, np.float32)
     u = np.ones_like(g)
-    r, f = _native.kernel_swiglu("ref", g, u), _native.kernel_swiglu(fast_isa, g, u)
+    r, f = testing.kernel_swiglu("ref", g, u), testing.kernel_swiglu(fast_isa, g, u)
     assert np.all(np.isfinite(f))
     assert np.allclose(r, f, rtol=1e-6, atol=1e-30)
 
@@ -135,7 +135,7 @@ def test_softmax_exp2_over_its_whole_range(fast_isa):
     exact = 2.0 ** (x.astype(np.float64) - 3.0)
     exact /= exact.sum()
     for isa in ("ref", fast_isa):
-        p = _native.kernel_softmax(isa, x)
+        p = testing.kernel_softmax(isa, x)
         assert np.all(np.isfinite(p)) and p[-1] == 0.0 and p[-2] == 0.0, isa
         assert np.allclose(p, exact, rtol=1e-6, atol=1e-45), (isa, np.abs(p / np.where(exact > 0, exact, 1) - 1).max())
 
@@ -148,16 +148,16 @@ def test_attention_kernels(fast_isa, n, hd, stride):
     scale = 1 / np.sqrt(hd)
     exact = (k[:, :hd].astype(np.float64) @ q) * scale
     for isa in ("ref", fast_isa):
-        sc = _native.kernel_attn_scores(isa, q, k, hd, scale)
+        sc = testing.kernel_attn_scores(isa, q, k, hd, scale)
         assert np.allclose(sc, exact, atol=1e-5, rtol=1e-5), isa
-    ref_sc = _native.kernel_attn_scores("ref", q, k, hd, scale)
-    report(f"attn_scores n={n} hd={hd}", ref_sc, _native.kernel_attn_scores(fast_isa, q, k, hd, scale))
-    p_ref, p_fast = _native.kernel_softmax("ref", ref_sc * 4), _native.kernel_softmax(fast_isa, ref_sc * 4)
+    ref_sc = testing.kernel_attn_scores("ref", q, k, hd, scale)
+    report(f"attn_scores n={n} hd={hd}", ref_sc, testing.kernel_attn_scores(fast_isa, q, k, hd, scale))
+    p_ref, p_fast = testing.kernel_softmax("ref", ref_sc * 4), testing.kernel_softmax(fast_isa, ref_sc * 4)
     assert report(f"softmax n={n}", p_ref, p_fast).max() <= 1e-6
     e2 = 2.0 ** (ref_sc.astype(np.float64) * 4 - (ref_sc * 4).max())  # the kernel's softmax is base 2
     assert np.allclose(p_fast, e2 / e2.sum(), rtol=1e-6, atol=1e-7)
     assert abs(p_fast.sum() - 1) < 1e-5
-    o_ref, o_fast = _native.kernel_attn_values("ref", p_ref, v, hd), _native.kernel_attn_values(fast_isa, p_ref, v, hd)
+    o_ref, o_fast = testing.kernel_attn_values("ref", p_ref, v, hd), testing.kernel_attn_values(fast_isa, p_ref, v, hd)
     assert report(f"attn_values n={n} hd={hd}", o_ref, o_fast).max() <= 1e-5
     assert np.allclose(o_ref, p_ref.astype(np.float64) @ v[:, :hd], atol=1e-5)
 
@@ -194,14 +194,14 @@ def test_matmul_int8(fast_isa, kind, rows, n_tok):
     cols = 128
     w = random_weights(kind, rows, cols, rng)
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)
-    ref = _native.kernel_matmul_int8("ref", TYPES[kind], w, rows, cols, x)
-    fast = _native.kernel_matmul_int8(fast_isa, TYPES[kind], w, rows, cols, x)
+    ref = testing.kernel_matmul_int8("ref", TYPES[kind], w, rows, cols, x)
+    fast = testing.kernel_matmul_int8(fast_isa, TYPES[kind], w, rows, cols, x)
     exact = emulate_int8(kind, w, rows, cols, x)
     scale = np.abs(exact).max()
     assert report(f"int8 {kind} rows={rows} n={n_tok}", ref, fast).max() <= 1e-5 * scale
     assert np.abs(ref - exact).max() <= 1e-5 * scale
     # and the int8 path stays close to the fp32 one (the documented cost of int8 activations)
-    f32 = _native.kernel_matmul("ref", TYPES[kind], w, rows, cols, x)
+    f32 = testing.kernel_matmul("ref", TYPES[kind], w, rows, cols, x)
     assert np.abs(ref - f32).max() <= 2e-2 * np.abs(f32).max()
 
 
@@ -210,8 +210,8 @@ def test_matmul_int8_batch_equals_one_by_one(fast_isa):
     w = random_weights("Q4_1", 48, 96, rng)
     x = rng.standard_normal((7, 96)).astype(np.float32)
     for isa in ("ref", fast_isa):
-        batch = _native.kernel_matmul_int8(isa, TYPES["Q4_1"], w, 48, 96, x)
-        single = np.concatenate([_native.kernel_matmul_int8(isa, TYPES["Q4_1"], w, 48, 96, x[i:i + 1]) for i in range(7)])
+        batch = testing.kernel_matmul_int8(isa, TYPES["Q4_1"], w, 48, 96, x)
+        single = np.concatenate([testing.kernel_matmul_int8(isa, TYPES["Q4_1"], w, 48, 96, x[i:i + 1]) for i in range(7)])
         assert np.array_equal(batch, single), isa
 
 
@@ -222,7 +222,7 @@ def test_f16_conversion_matches_numpy_bit_for_bit(fast_isa):
                         np.float16(np.arange(-2048, 2048)).astype(np.float32) + np.float32(2 ** -12)]).astype(np.float32)
     expect = x.astype(np.float16).view(np.uint16)
     for isa in ("ref", fast_isa):
-        assert np.array_equal(_native.kernel_to_f16(isa, x), expect), isa
+        assert np.array_equal(testing.kernel_to_f16(isa, x), expect), isa
 
 
 @pytest.mark.parametrize("nq", [2, 3, 4, 5, 9])
@@ -239,17 +239,17 @@ def test_attention_kernels_for_a_query_group(fast_isa, nq, n, hd, stride):
     exact = q.astype(np.float64) @ k[:, :hd].astype(np.float64).T * scale
     exact_o = p.astype(np.float64) @ v[:, :hd].astype(np.float64)
     for isa in ("ref", fast_isa):
-        assert np.allclose(_native.kernel_attn_scores_h(isa, q, k.view(np.uint16), hd, scale), exact, atol=1e-5), isa
-        assert np.allclose(_native.kernel_attn_scores(isa, q, k.astype(np.float32), hd, scale), exact, atol=1e-5), isa
-        assert np.allclose(_native.kernel_attn_values_h(isa, p, v.view(np.uint16), hd), exact_o, atol=1e-4), isa
-        assert np.allclose(_native.kernel_attn_values(isa, p, v.astype(np.float32), hd), exact_o, atol=1e-4), isa
+        assert np.allclose(testing.kernel_attn_scores_h(isa, q, k.view(np.uint16), hd, scale), exact, atol=1e-5), isa
+        assert np.allclose(testing.kernel_attn_scores(isa, q, k.astype(np.float32), hd, scale), exact, atol=1e-5), isa
+        assert np.allclose(testing.kernel_attn_values_h(isa, p, v.view(np.uint16), hd), exact_o, atol=1e-4), isa
+        assert np.allclose(testing.kernel_attn_values(isa, p, v.astype(np.float32), hd), exact_o, atol=1e-4), isa
     # one query at a time gives the same bits as the group: a query's arithmetic does not depend
     # on which queries share the call (what makes a prefill batch equal the tokens one by one)
     for isa in ("ref", fast_isa):
-        one = np.stack([_native.kernel_attn_scores_h(isa, q[j], k.view(np.uint16), hd, scale) for j in range(nq)])
-        assert np.array_equal(one, _native.kernel_attn_scores_h(isa, q, k.view(np.uint16), hd, scale)), isa
-        one = np.stack([_native.kernel_attn_values_h(isa, p[j], v.view(np.uint16), hd) for j in range(nq)])
-        assert np.array_equal(one, _native.kernel_attn_values_h(isa, p, v.view(np.uint16), hd)), isa
+        one = np.stack([testing.kernel_attn_scores_h(isa, q[j], k.view(np.uint16), hd, scale) for j in range(nq)])
+        assert np.array_equal(one, testing.kernel_attn_scores_h(isa, q, k.view(np.uint16), hd, scale)), isa
+        one = np.stack([testing.kernel_attn_values_h(isa, p[j], v.view(np.uint16), hd) for j in range(nq)])
+        assert np.array_equal(one, testing.kernel_attn_values_h(isa, p, v.view(np.uint16), hd)), isa
 
 
 @pytest.mark.parametrize("n", [203, 512])
@@ -267,13 +267,13 @@ def test_attention_kernels_wide_query_groups(fast_isa, nq, n):
     v = rng.standard_normal((n, 192)).astype(np.float16)
     p = rng.random((nq, n)).astype(np.float32)
     scale = 1 / np.sqrt(hd)
-    sc = _native.kernel_attn_scores_h(fast_isa, q, k.view(np.uint16), hd, scale).reshape(nq, n)
+    sc = testing.kernel_attn_scores_h(fast_isa, q, k.view(np.uint16), hd, scale).reshape(nq, n)
     assert np.allclose(sc, q.astype(np.float64) @ k[:, :hd].astype(np.float64).T * scale, atol=1e-5)
-    o = _native.kernel_attn_values_h(fast_isa, p, v.view(np.uint16), hd).reshape(nq, hd)
+    o = testing.kernel_attn_values_h(fast_isa, p, v.view(np.uint16), hd).reshape(nq, hd)
     assert np.allclose(o, p.astype(np.float64) @ v[:, :hd].astype(np.float64), atol=1e-4)
     for j in range(nq):
-        assert np.array_equal(sc[j], _native.kernel_attn_scores_h(fast_isa, q[j], k.view(np.uint16), hd, scale))
-        assert np.array_equal(o[j], _native.kernel_attn_values_h(fast_isa, p[j], v.view(np.uint16), hd))
+        assert np.array_equal(sc[j], testing.kernel_attn_scores_h(fast_isa, q[j], k.view(np.uint16), hd, scale))
+        assert np.array_equal(o[j], testing.kernel_attn_values_h(fast_isa, p[j], v.view(np.uint16), hd))
 
 
 @pytest.mark.parametrize("n,hd,stride", [(1, 64, 192), (9, 64, 64), (70, 32, 96)])
@@ -286,9 +286,9 @@ def test_attention_kernels_f16_cache(fast_isa, n, hd, stride):
     exact = k[:, :hd].astype(np.float64) @ q * scale
     p = np.exp(exact - exact.max()); p = (p / p.sum()).astype(np.float32)
     for isa in ("ref", fast_isa):
-        sc = _native.kernel_attn_scores_h(isa, q, k.view(np.uint16), hd, scale)
+        sc = testing.kernel_attn_scores_h(isa, q, k.view(np.uint16), hd, scale)
         assert np.allclose(sc, exact, atol=1e-5, rtol=1e-5), isa
-        out = _native.kernel_attn_values_h(isa, p, v.view(np.uint16), hd)
+        out = testing.kernel_attn_values_h(isa, p, v.view(np.uint16), hd)
         assert np.allclose(out, p.astype(np.float64) @ v[:, :hd].astype(np.float64), atol=1e-5), isa
 
 
@@ -307,7 +307,7 @@ def test_quantize_s8_matches_numpy():
               (np.arange(64, dtype=np.float32) - 31.5) / 2,   # exact halves: ties go to even
               np.array([3e-40, -1e-39] * 32, np.float32),    # subnormals: zero
               np.array([1e-29, 0.0] * 32, np.float32)]:
-        q, d, s = _native.kernel_quantize_s8(x)
+        q, d, s = testing.kernel_quantize_s8(x)
         eq, ed, es = _quantize_s8(x)
         assert np.array_equal(q, eq) and np.float32(d) == ed and s == es
 
@@ -356,8 +356,8 @@ def test_attention_kernels_q8_cache(fast_isa, nq, n, hd, stride):
     exact = q.astype(np.float64) @ (k[:, :hd] * ks[:, None].astype(np.float64)).T * scale
     exact_o = p.astype(np.float64) @ (v[:, :hd] * vs[:, None].astype(np.float64))
     for isa in ("ref", fast_isa):
-        sc = _native.kernel_attn_scores_q8(isa, q, k, ks, hd, scale).reshape(nq, n)
-        o = _native.kernel_attn_values_q8(isa, p, v, vs, hd).reshape(nq, hd)
+        sc = testing.kernel_attn_scores_q8(isa, q, k, ks, hd, scale).reshape(nq, n)
+        o = testing.kernel_attn_values_q8(isa, p, v, vs, hd).reshape(nq, hd)
         assert np.array_equal(sc, spec_s), isa
         assert np.array_equal(o, spec_o), isa
         # the queries' int8 rounding: |error| <= (max|q| / 254) x sum|k| per score
@@ -366,8 +366,8 @@ def test_attention_kernels_q8_cache(fast_isa, nq, n, hd, stride):
         # the weights' u8 rounding: each weight within half a step (max / 510) of its block
         assert np.allclose(o, exact_o, rtol=0.02, atol=0.02 * np.abs(exact_o).max()), isa
         for j in range(nq):
-            assert np.array_equal(sc[j], _native.kernel_attn_scores_q8(isa, q[j], k, ks, hd, scale)), isa
-            assert np.array_equal(o[j], _native.kernel_attn_values_q8(isa, p[j], v, vs, hd)), isa
+            assert np.array_equal(sc[j], testing.kernel_attn_scores_q8(isa, q[j], k, ks, hd, scale)), isa
+            assert np.array_equal(o[j], testing.kernel_attn_values_q8(isa, p[j], v, vs, hd)), isa
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1"])
@@ -389,8 +389,8 @@ def test_matmul_int8_at_the_int16_limits(fast_isa, kind):
     w = blocks.ravel()
     x = np.where(rng.random((n, cols)) < 0.5, -1.0, 1.0).astype(np.float32) * rng.uniform(0.5, 2, (n, 1)).astype(np.float32)
     exact = emulate_int8(kind, w, rows, cols, x)
-    fast = _native.kernel_matmul_int8(fast_isa, TYPES[kind], w, rows, cols, x)
-    ref = _native.kernel_matmul_int8("ref", TYPES[kind], w, rows, cols, x)
+    fast = testing.kernel_matmul_int8(fast_isa, TYPES[kind], w, rows, cols, x)
+    ref = testing.kernel_matmul_int8("ref", TYPES[kind], w, rows, cols, x)
     assert np.abs(ref - exact).max() <= 1e-5 * np.abs(exact).max()
     assert report(f"int8 limits {kind}", ref, fast).max() <= 1e-5 * np.abs(exact).max()
 
@@ -410,19 +410,19 @@ def test_simd_tiers_give_the_same_bits(kind):
         x = rng.standard_normal((n, cols)).astype(np.float32)
         for isa in FAST_TIERS[:-1]:
             if kind in BLOCK_BYTES:
-                assert np.array_equal(_native.kernel_matmul_int8(isa, TYPES[kind], w, rows, cols, x),
-                                      _native.kernel_matmul_int8(base, TYPES[kind], w, rows, cols, x)), (isa, n)
+                assert np.array_equal(testing.kernel_matmul_int8(isa, TYPES[kind], w, rows, cols, x),
+                                      testing.kernel_matmul_int8(base, TYPES[kind], w, rows, cols, x)), (isa, n)
             else:
-                assert np.array_equal(_native.kernel_matmul(isa, TYPES[kind], w, rows, cols, x),
-                                      _native.kernel_matmul(base, TYPES[kind], w, rows, cols, x)), (isa, n)
+                assert np.array_equal(testing.kernel_matmul(isa, TYPES[kind], w, rows, cols, x),
+                                      testing.kernel_matmul(base, TYPES[kind], w, rows, cols, x)), (isa, n)
     hd, n = 64, 203
     q = rng.standard_normal((7, hd)).astype(np.float32)
     k = rng.standard_normal((n, 192)).astype(np.float16)
     v = rng.standard_normal((n, 192)).astype(np.float16)
     p = rng.random((7, n)).astype(np.float32)
     for isa in FAST_TIERS[:-1]:
-        for fn, args in ((_native.kernel_attn_scores_h, (q, k.view(np.uint16), hd, 0.125)),
-                         (_native.kernel_attn_scores, (q, k.astype(np.float32), hd, 0.125)),
-                         (_native.kernel_attn_values_h, (p, v.view(np.uint16), hd)),
-                         (_native.kernel_attn_values, (p, v.astype(np.float32), hd))):
+        for fn, args in ((testing.kernel_attn_scores_h, (q, k.view(np.uint16), hd, 0.125)),
+                         (testing.kernel_attn_scores, (q, k.astype(np.float32), hd, 0.125)),
+                         (testing.kernel_attn_values_h, (p, v.view(np.uint16), hd)),
+                         (testing.kernel_attn_values, (p, v.astype(np.float32), hd))):
             assert np.array_equal(fn(isa, *args), fn(base, *args)), (isa, fn.__name__)

@@ -31,7 +31,7 @@ import torch
 
 from torch_ref import TorchRef, load_for_reference
 from tiers import TIERS
-from zen5 import _native
+from zen5._native import testing
 from zen5.engine import Engine
 
 pytestmark = pytest.mark.model
@@ -179,10 +179,10 @@ def test_q8_attention_kernels_match_the_reference_algorithm(isa):
         parts = []
         for c0 in range(0, t + 1, split):
             c1 = min(c0 + split, t + 1)
-            sc = _native.kernel_attn_scores_q8(isa, q[0, t].numpy(), k8[c0:c1].copy(), ks[c0:c1].copy(), hd,
+            sc = testing.kernel_attn_scores_q8(isa, q[0, t].numpy(), k8[c0:c1].copy(), ks[c0:c1].copy(), hd,
                                                1 / np.sqrt(hd))
             e = np.exp(sc - sc.max()).astype(np.float32)
-            parts.append((sc.max(), e.sum(), _native.kernel_attn_values_q8(isa, e, v8[c0:c1].copy(), vs[c0:c1].copy(), hd)))
+            parts.append((sc.max(), e.sum(), testing.kernel_attn_values_q8(isa, e, v8[c0:c1].copy(), vs[c0:c1].copy(), hd)))
         top = max(m for m, _, _ in parts)
         out = sum(np.exp(m - top) * o for m, _, o in parts) / sum(np.exp(m - top) * z for m, z, _ in parts)
         assert np.allclose(out, ref[t], atol=1e-5, rtol=1e-5), (t, np.abs(out - ref[t]).max())

@@ -47,9 +47,9 @@ struct WeightView {
 //   F32   a step is one column; per group 64 bytes
 // Rows past the end (in the last band) are zero. With rows in the lanes a GEMM tile needs no
 // horizontal sums: a tile of 64 rows x 6 tokens keeps 24 accumulators, each weight vector
-// feeds 6 FMAs and each token's value is one broadcast (the row-major dot-product tile it
-// replaced ran BF16 prefill at 37% of the FMA peak, this one at 63-76% in three recorded
-// runs).
+// feeds 6 FMAs and each token's value is one broadcast (BF16 prefill's fraction of the FMA
+// peak before and after this tile replaced a row-major dot-product tile, commit c77fd7c: the
+// BF16 rows' frac_peak in bench/results/Intel_Xeon_Processor-bench.csv).
 constexpr int kPanelRows = 64;
 struct FloatPanels {
     int type = GGML_BF16;
@@ -107,9 +107,9 @@ struct QuantAct {
 // value kernels keep output channels in the lanes).
 constexpr int kKeyTile = 16;
 // Cache positions per attention split (the decoder's unit of attention work, whole key tiles;
-// 256 -> 512: half the merges and per-split query work, prefill at 7,680 +7% f16, +11-16%
-// q8_0). Its score rows are kAttnSplit floats apart, and the values kernel specializes on that
-// stride.
+// 256 -> 512: half the merges and per-split query work, faster long prefill with the f16 and
+// q8_0 caches, A/B in commit 50a8ee4). Its score rows are kAttnSplit floats apart, and the
+// values kernel specializes on that stride.
 constexpr int kAttnSplit = 512;
 inline size_t key_tile_index(int64_t pos, int64_t channel, int64_t kv_dim) {
     return size_t((pos / kKeyTile) * kv_dim + channel) * kKeyTile + size_t(pos % kKeyTile);

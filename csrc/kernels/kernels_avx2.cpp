@@ -19,8 +19,8 @@ namespace {
 
 // Decode streams the weights with no software prefetch (unlike the AVX-512 tier, tuned on a
 // Xeon): on a Zen 4, in alternating runs at 1 thread, prefetching 8 KB ahead into L1 and 16 KB
-// into L2 each measured at best equal to the hardware prefetchers alone for Q8_0 and 10-13% slower
-// for Q4_1 (the panels' decode below: 20-30% slower).
+// into L2 each measured at best equal to the hardware prefetchers alone for Q8_0 and slower for
+// Q4_1 and for the panels' decode below (the figures: commit 11c95ce).
 
 static inline float half(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return _cvtsh_ss(v); }
 
@@ -240,8 +240,8 @@ void quantize_act(const float* x, int n, int64_t cols, int64_t ld, int8_t* q, fl
 // 6 tokens (the AVX-512 tile) needs 48 registers here (a 2 x 3 tile spilled). One FMA chain per (row,
 // token) over the columns in order, as the AVX-512 tier: the same bits whatever the tile.
 // Decode streams the panels in order with no software prefetch: on a Zen 4 the AVX-512 tier's
-// 4 KB ahead into L2 (or 2-8 KB into L1) cost BF16 decode 20-30% at 1 thread and 10% at 2 against
-// the hardware prefetchers alone (alternating runs).
+// 4 KB ahead into L2 (or 2-8 KB into L1) made BF16 decode slower at 1 and 2 threads than the
+// hardware prefetchers alone (alternating runs; the figures: commit 11c95ce).
 
 template <int TYPE>
 static inline void load_step(const uint8_t* gp, int half, __m256& w0, __m256& w1) {
@@ -292,8 +292,8 @@ void panel_tile(const FloatPanels& w, int64_t band, int g0, const float* x, int6
                 fma_col(g, w0, w1, TYPE == GGML_BF16 ? 2 * s + hc : s);
             }
         // Left alone, GCC stored every accumulator to the stack at each step of the decode loop
-        // (for the code after it); pinning them keeps that loop to loads and FMAs, decode +5%
-        // (the same pin in the 4-token tile cost prefill 3x: it serialized the tile's chains).
+        // (for the code after it); pinning them keeps that loop to loads and FMAs, a faster
+        // decode (the same pin in the 4-token tile slowed prefill: it serialized the tile's chains).
         if constexpr (NT == 1)
             for (int g = 0; g < R; ++g) __asm__("" : "+x"(a[g][0][0]), "+x"(a[g][1][0]));
     }

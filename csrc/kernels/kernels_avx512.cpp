@@ -23,10 +23,11 @@ constexpr size_t blk_bytes(int t) { return t == GGML_Q4_0 ? 18 : t == GGML_Q4_1 
 
 // Decode reads each weight once per token, a stream of ~100 MB that only just fits the cache
 // share this VM gets; the hardware prefetcher does not run far enough ahead of a GEMV doing
-// 8 dependent vpdpbusd per block, so fetch ahead: first 8 KB into L1 (swept 1-32 KB: decode
-// +20% at 1 thread, +35% at 2), now kPrefetchBlocks blocks into L2 (8 KB of Q4_1, 16 KB of
-// Q8_0, whose 143 MB mostly come from DRAM): in 4 alternating pairs against the former, Q8_0
-// decode medians +7% at 1 thread and +2% at 2, Q4_1 within the noise (16 KB of Q4_1 was lower).
+// 8 dependent vpdpbusd per block, so fetch ahead: first 8 KB into L1 (swept 1-32 KB; faster
+// decode at 1 and 2 threads, commit 89db314), now kPrefetchBlocks blocks into L2 (8 KB of Q4_1,
+// 16 KB of Q8_0, whose 143 MB mostly come from DRAM): in alternating pairs against the former,
+// Q8_0 decode faster at 1 and 2 threads, Q4_1 unchanged (commit 45261a4; 16 KB of Q4_1 was
+// slower).
 constexpr int kPrefetchBlocks = 32;
 
 inline __mmask16 tail_mask(int64_t left) {
@@ -99,8 +100,9 @@ void row_tile(const WeightView& w, int64_t r, const float* x, int64_t ldx, float
 
 // The float decode GEMV streams the panels in order (a band's steps are contiguous, and so are
 // the bands of a slice) and fetches kPrefetchRow bytes ahead into L2. On the row layout this
-// gave BF16 decode +20% over the hardware prefetchers alone (2 KB into L1 best); on the panels,
-// L2 at 2 / 4 / 8 KB measured 2-thread decode +10-14% over L1 at 2 KB (1 thread within 3%).
+// made BF16 decode faster than the hardware prefetchers alone (2 KB into L1 best; commit
+// 10af0a5); on the panels, L2 at 2 / 4 / 8 KB beat L1 at 2 KB in 2-thread decode (commit
+// c77fd7c; 1 thread about equal).
 constexpr size_t kPrefetchRow = 4096;
 // One band (64 rows, kernels.h: FloatPanels) x NT tokens: 4 x NT accumulators, one FMA chain
 // per (row, token) over the columns in order, so every tile shape gives the same bits. Each
@@ -315,7 +317,8 @@ inline __m512 load_kv(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_
 
 // Long-context attention is bound by reading the cache, and a head's data is not one stream (its
 // key tiles are kv_dim x 16 values apart, its value rows kv_dim values apart), which the hardware
-// prefetchers do not follow: decode at 4k positions read its K/V at 4 GB/s without help. The
+// prefetchers do not follow: without help, decode at 4k positions read its K/V far below the
+// machine's read bandwidth (the roofs: README, Performance). The
 // kernels fetch kTilesAhead key tiles or 2 x kRowsAhead value rows ahead into L2. A prefetch
 // never faults, so reading past the cache's end is harmless.
 constexpr int kRowsAhead = 32, kTilesAhead = 4;
@@ -400,8 +403,8 @@ void attn_scores_t(const float* q, int nq, const T* k, int64_t tstride, int n, i
         return left >= 24 ? 24 : left >= 12 ? 12 : left >= 6 ? 6 : left >= 3 ? 3 : left;
     };
     // A head size of 64 reads the queries as given (constant offsets); any other size first
-    // copies each group channel-major. (The copy was 4% of prefill at 8k positions: it ran for
-    // every split.)
+    // copies each group channel-major. (The copy was a visible share of prefill at 8k
+    // positions: it ran for every split.)
     const bool direct = hd == 64;
     thread_local Scratch scratch;
     float* qt = direct ? nullptr : scratch.get<float>(size_t(nq) * hd);  // each group's queries channel-major: (hd, g)
@@ -539,8 +542,8 @@ void attn_values_t(const float* p, int64_t ldp, int nq, const T* v, int64_t stri
     // Blocks of 32 rows, queries in groups of up to 6 (24 accumulators) inner: a block stays in
     // L1 while every group uses it. The partial sums go through `out` between blocks (exact).
     // fp16 rows of 64 channels take 12 queries over each half row instead (24 accumulators too):
-    // half as many widenings per query, kernel alone +5-10%. (Widening a whole fp16 block to
-    // fp32 once for all groups measured no faster in the engine.)
+    // half as many widenings per query, a faster kernel (commit 2e5eb71). (Widening a whole
+    // fp16 block to fp32 once for all groups measured no faster in the engine.)
     constexpr int kBlock = 32;
     const bool halves = sizeof(T) == 2 && hd == 64;
     for (int i0 = 0; i0 < n; i0 += kBlock) {
@@ -575,7 +578,7 @@ void attn_values_h_avx512(const float* p, int64_t ldp, int nq, const uint16_t* v
 
 // ---- the q8_0 cache (kernels.h: key_q8_index, value_q8_index) ------------------------------
 // Prefetch distances: 8 key tiles (the fp16 cache's kTilesAhead in bytes) and 32 value quads
-// (128 positions). Measured at 8k positions against 4 / 16 (-3 to -8%) and 16 / 64 (-8 to -12%).
+// (128 positions). At 8k positions both 4 / 16 and 16 / 64 were slower (A/B in commit c5be4b9).
 constexpr int kTilesAheadQ8 = 8, kQuadsAhead = 32;
 // Scores of G quantized queries (qq: (G, hd / 4) dwords of 4 int8 channels; corr: 128 x their
 // sums; qc: dq x scale) against R key tiles: one vpdpbusd per (query, tile, channel quad), the
@@ -684,7 +687,7 @@ void attn_scores_q8_avx512(const float* q, int nq, const uint8_t* k, const float
 // scaled into out once per block.
 // kFull: a whole block (n = 32) of a 64-channel head, the common case, with the shape fixed at
 // compile time so GCC unrolls the quads and keeps the 16 accumulators in registers (with run-time
-// bounds it copied them between registers around every vpdpbusd; kernel alone -15-20%).
+// bounds it copied them between registers around every vpdpbusd; the timings: commit ae64352).
 template <int G, bool kFull>
 void values_block_q8(const float* p, int64_t ldp, const int8_t* v, const float* vs, int64_t qstride, int n_, int hd_,
                      float* out, int64_t ldo) {
@@ -812,11 +815,11 @@ inline __m512i bcast4(const int8_t* p) { return _mm512_set1_epi32(*reinterpret_c
 // G groups of 16 rows against NT tokens: lane r of accumulator [h][t] is row (g+h)*16+r of
 // token t0+t. Per block and step j (4 of the block's 32 columns) each vpdpbusd multiplies 4
 // consecutive weights of 16 rows by the same 4 broadcast activation bytes; one broadcast feeds
-// the G groups (prefill runs G = 2 x NT = 6: a broadcast per vpdpbusd bound the tile at ~50% of
-// the VNNI peak, two per broadcast gave Q8_0 +17%). The tile's tokens sit side by side in
-// QuantAct's block-major layout, so every operand is a constant offset from one pointer per
-// array (per-token pointers cost ~30 scalar instructions per token and block). The integer
-// correction (Q8_0: -128 sum q) starts the accumulator; tiles of 4 or more tokens run one
+// the G groups (prefill runs G = 2 x NT = 6: a broadcast per vpdpbusd bound the tile well below
+// the VNNI peak, two per broadcast made Q8_0 prefill faster, commit 2c3f59a). The tile's tokens
+// sit side by side in QuantAct's block-major layout, so every operand is a constant offset from
+// one pointer per array (per-token pointers cost ~30 scalar instructions per token and block). The
+// integer correction (Q8_0: -128 sum q) starts the accumulator; tiles of 4 or more tokens run one
 // vpdpbusd chain per token (the tokens' chains overlap), smaller ones two. The per-token
 // arithmetic is the same for every G and NT, so a batch gives the bits of the tokens one by one.
 template <int TYPE, int G, int NT>

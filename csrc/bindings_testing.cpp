@@ -1,0 +1,195 @@
+// zen5._native.testing: each kernel of any tier's table called on its own, with the cache's
+// layouts built here from plain rows. Only the tests use these (tests/test_kernels.py compares
+// every tier against the reference; test_reference_agreement.py runs the q8_0 attention); the
+// production API is bindings.cpp.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "model.h"
+
+namespace zen5 {
+
+namespace {
+
+// (n, kv_dim) key rows in the cache's transposed tiles of kKeyTile positions; the last tile's
+// unused positions hold NaN, which no score may read.
+template <typename T>
+std::vector<T> key_tiles(const T* k, int n, int kv_dim) {
+    const int tiles = (n + kKeyTile - 1) / kKeyTile;
+    std::vector<T> out(size_t(tiles) * kv_dim * kKeyTile, sizeof(T) == 2 ? T(0x7E00) : T(NAN));
+    copy_key_tiles(out.data(), const_cast<T*>(k), n, kv_dim, false);
+    return out;
+}
+
+using U8Array = py::array_t<uint8_t, py::array::c_style>;
+using U16Array = py::array_t<uint16_t, py::array::c_style>;
+using I8Array = py::array_t<int8_t, py::array::c_style>;
+
+// The float caches' attention kernels (fp32, fp16) over k or v, (n, stride >= hd) rows: keys
+// tiled here like the cache (kernels.h) with kv_dim = stride, values used as they are.
+// q: (hd,) or (nq, hd) -> scores (n,) or (nq, n); p: (n,) or (nq, n) -> output (hd,) or (nq, hd),
+// summed from zero.
+template <typename Scores, typename Array>
+py::array_t<float> attn_scores(Scores kernel, const F32Array& q, const Array& k, int hd, float scale) {
+    if (k.ndim() != 2 || k.shape(1) < hd || q.size() % hd || q.size() == 0) throw ZenError("k must be (n, stride >= hd), q (nq, hd)");
+    const int n = int(k.shape(0)), nq = int(q.size() / hd);
+    py::array_t<float> out(q.ndim() == 1 ? std::vector<py::ssize_t>{n} : std::vector<py::ssize_t>{nq, n});
+    const auto tiles = key_tiles(k.data(), n, int(k.shape(1)));
+    kernel(q.data(), nq, tiles.data(), k.shape(1) * kKeyTile, n, hd, scale, out.mutable_data(), n);
+    return out;
+}
+template <typename Values, typename Array>
+py::array_t<float> attn_values(Values kernel, const F32Array& p, const Array& v, int hd) {
+    const int n = int(v.shape(0)), nq = n ? int(p.size() / n) : 0;
+    if (v.ndim() != 2 || v.shape(1) < hd || n == 0 || p.size() != py::ssize_t(nq) * n) throw ZenError("v must be (n, stride >= hd), p (nq, n)");
+    py::array_t<float> out(p.ndim() == 1 ? std::vector<py::ssize_t>{hd} : std::vector<py::ssize_t>{nq, hd});
+    std::fill(out.mutable_data(), out.mutable_data() + out.size(), 0.0f);
+    kernel(p.data(), n, nq, v.data(), v.shape(1), n, hd, out.mutable_data(), hd);
+    return out;
+}
+
+}  // namespace
+
+void register_testing(py::module_& parent) {
+    py::module_ m = parent.def_submodule("testing", "kernel-level hooks for the tests: any tier's kernels, one call each");
+
+    m.def("kernel_matmul", [](const std::string& isa, int type, U8Array w, int64_t rows, int64_t cols, F32Array x) {
+        const Kernels& k = kernels_for(isa);
+        const size_t rb = row_bytes(type, cols);
+        if (rb == 0 || size_t(w.size()) != rb * size_t(rows)) throw ZenError("weight bytes do not match type/shape");
+        if (x.ndim() != 2 || x.shape(1) != cols) throw ZenError("x must be (n, cols)");
+        const int n = int(x.shape(0));
+        py::array_t<float> y({py::ssize_t(n), py::ssize_t(rows)});
+        WeightView wv{w.data(), type, rows, cols, rb};
+        FloatPanels panels;  // float types: the layout the AVX-512 kernel reads, as the Model packs it
+        AlignedBytes storage;
+        if (const size_t bytes = float_panel_bytes(type, rows, cols)) {
+            storage = alloc_zeroed(bytes);
+            pack_float_panels(wv, panels, storage.get());
+            wv.panels = &panels;
+        }
+        k.matmul(wv, 0, rows, x.data(), n, cols, y.mutable_data(), rows);
+        return y;
+    }, py::arg("isa"), py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"));
+    m.def("kernel_matmul_int8", [](const std::string& isa, int type, U8Array w, int64_t rows, int64_t cols, F32Array x) {
+        const Kernels& k = kernels_for(isa);
+        const size_t rb = row_bytes(type, cols);
+        if (rb == 0 || size_t(w.size()) != rb * size_t(rows)) throw ZenError("weight bytes do not match type/shape");
+        if (x.ndim() != 2 || x.shape(1) != cols) throw ZenError("x must be (n, cols)");
+        PackedWeights pw;
+        AlignedBytes storage;
+        if (!pack_weights(WeightView{w.data(), type, rows, cols, rb}, pw, storage)) throw ZenError("type is not packable");
+        const int n = int(x.shape(0));
+        std::vector<int8_t> q(size_t(n) * cols);
+        std::vector<float> d(size_t(n) * cols / QK);
+        std::vector<int32_t> c(size_t(n) * cols / QK);
+        std::vector<float> ds(size_t(n) * cols / QK);
+        k.quantize_act(x.data(), n, cols, n, q.data(), d.data(), c.data(), ds.data());
+        py::array_t<float> y({py::ssize_t(n), py::ssize_t(rows)});
+        k.matmul_int8(pw, 0, rows, QuantAct{q.data(), d.data(), c.data(), ds.data(), cols, n}, n, y.mutable_data(), rows);
+        return y;
+    }, py::arg("isa"), py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"));
+    m.def("kernel_dequant_row", [](const std::string& isa, int type, U8Array src, int64_t n) {
+        const size_t rb = row_bytes(type, n);
+        if (rb == 0 || size_t(src.size()) < rb) throw ZenError("source bytes do not match type/length");
+        py::array_t<float> out(n);
+        kernels_for(isa).dequant_row(type, src.data(), n, out.mutable_data());
+        return out;
+    }, py::arg("isa"), py::arg("type"), py::arg("src"), py::arg("n"));
+    m.def("kernel_dot", [](const std::string& isa, F32Array a, F32Array b) {
+        if (a.size() != b.size()) throw ZenError("length mismatch");
+        return kernels_for(isa).dot(a.data(), b.data(), a.size());
+    }, py::arg("isa"), py::arg("a"), py::arg("b"));
+    m.def("kernel_axpy", [](const std::string& isa, float alpha, F32Array x, F32Array y) {
+        if (x.size() != y.size()) throw ZenError("length mismatch");
+        py::array_t<float> out(y.size());
+        std::memcpy(out.mutable_data(), y.data(), y.size() * 4);
+        kernels_for(isa).axpy(alpha, x.data(), out.mutable_data(), x.size());
+        return out;
+    }, py::arg("isa"), py::arg("alpha"), py::arg("x"), py::arg("y"));
+    m.def("kernel_add", [](const std::string& isa, F32Array y, F32Array x) {
+        if (x.size() != y.size()) throw ZenError("length mismatch");
+        py::array_t<float> out(y.size());
+        std::memcpy(out.mutable_data(), y.data(), y.size() * 4);
+        kernels_for(isa).add(out.mutable_data(), x.data(), x.size());
+        return out;
+    }, py::arg("isa"), py::arg("y"), py::arg("x"));
+    m.def("kernel_rmsnorm", [](const std::string& isa, F32Array x, F32Array w, float eps) {
+        if (x.size() != w.size()) throw ZenError("length mismatch");
+        py::array_t<float> out(x.size());
+        kernels_for(isa).rmsnorm(x.data(), w.data(), x.size(), eps, out.mutable_data());
+        return out;
+    }, py::arg("isa"), py::arg("x"), py::arg("w"), py::arg("eps"));
+    m.def("kernel_attn_scores", [](const std::string& isa, F32Array q, F32Array k, int hd, float scale) {
+        return attn_scores(kernels_for(isa).attn_scores, q, k, hd, scale);
+    }, py::arg("isa"), py::arg("q"), py::arg("k"), py::arg("hd"), py::arg("scale"));
+    m.def("kernel_attn_values", [](const std::string& isa, F32Array p, F32Array v, int hd) {
+        return attn_values(kernels_for(isa).attn_values, p, v, hd);
+    }, py::arg("isa"), py::arg("p"), py::arg("v"), py::arg("hd"));
+    m.def("kernel_to_f16", [](const std::string& isa, F32Array x) {
+        py::array_t<uint16_t> out(x.size());
+        kernels_for(isa).to_f16(x.data(), x.size(), out.mutable_data());
+        return out;
+    }, py::arg("isa"), py::arg("x"));
+    m.def("kernel_attn_scores_h", [](const std::string& isa, F32Array q, U16Array k, int hd, float scale) {
+        return attn_scores(kernels_for(isa).attn_scores_h, q, k, hd, scale);
+    }, py::arg("isa"), py::arg("q"), py::arg("k"), py::arg("hd"), py::arg("scale"));
+    m.def("kernel_attn_values_h", [](const std::string& isa, F32Array p, U16Array v, int hd) {
+        return attn_values(kernels_for(isa).attn_values_h, p, v, hd);
+    }, py::arg("isa"), py::arg("p"), py::arg("v"), py::arg("hd"));
+    // The q8_0 cache's kernels: k / v (n, stride >= hd) int8 rows with one scale per position,
+    // ks / vs (n,), laid out here like the cache (key_q8_index, value_q8_index; kv_dim = stride).
+    m.def("kernel_attn_scores_q8", [](const std::string& isa, F32Array q, I8Array k, F32Array ks, int hd, float scale) {
+        if (k.ndim() != 2 || k.shape(1) < hd || hd % 4 || q.size() % hd || q.size() == 0 || ks.size() != k.shape(0))
+            throw ZenError("k must be (n, stride >= hd), ks (n,), q (nq, hd), hd a multiple of 4");
+        const int n = int(k.shape(0)), nq = int(q.size() / hd), kvd = int(k.shape(1));
+        py::array_t<float> out(q.ndim() == 1 ? std::vector<py::ssize_t>{n} : std::vector<py::ssize_t>{nq, n});
+        std::vector<uint8_t> tiles(size_t((n + kKeyTile - 1) / kKeyTile) * kvd * kKeyTile, 0xEE);
+        for (int p = 0; p < n; ++p)
+            for (int c = 0; c < kvd; ++c) tiles[key_q8_index(p, c, kvd)] = uint8_t(k.data()[size_t(p) * kvd + c] + 128);
+        kernels_for(isa).attn_scores_q8(q.data(), nq, tiles.data(), ks.data(), int64_t(kvd) * kKeyTile, n, hd, scale,
+                                        out.mutable_data(), n);
+        return out;
+    }, py::arg("isa"), py::arg("q"), py::arg("k"), py::arg("ks"), py::arg("hd"), py::arg("scale"));
+    m.def("kernel_attn_values_q8", [](const std::string& isa, F32Array p, I8Array v, F32Array vs, int hd) {
+        const int n = int(v.shape(0)), nq = n ? int(p.size() / n) : 0, kvd = int(v.shape(1));
+        if (v.ndim() != 2 || kvd < hd || n == 0 || p.size() != py::ssize_t(nq) * n || vs.size() != n)
+            throw ZenError("v must be (n, stride >= hd), vs (n,), p (nq, n)");
+        py::array_t<float> out(p.ndim() == 1 ? std::vector<py::ssize_t>{hd} : std::vector<py::ssize_t>{nq, hd});
+        std::fill(out.mutable_data(), out.mutable_data() + out.size(), 0.0f);
+        std::vector<int8_t> quads(size_t((n + 3) / 4) * kvd * 4, int8_t(0x5A));  // the tail holds junk, as a cache may
+        for (int i = 0; i < n; ++i)
+            for (int c = 0; c < kvd; ++c) quads[value_q8_index(i, c, kvd)] = v.data()[size_t(i) * kvd + c];
+        kernels_for(isa).attn_values_q8(p.data(), n, nq, quads.data(), vs.data(), int64_t(kvd) * 4, n, hd,
+                                        out.mutable_data(), hd);
+        return out;
+    }, py::arg("isa"), py::arg("p"), py::arg("v"), py::arg("vs"), py::arg("hd"));
+    m.def("kernel_quantize_s8", [](F32Array x) {
+        py::array_t<int8_t> q(x.size());
+        int32_t sum;
+        const float d = quantize_s8(x.data(), int(x.size()), q.mutable_data(), &sum);
+        return py::make_tuple(q, d, sum);
+    }, py::arg("x"));
+    m.def("kernel_softmax", [](const std::string& isa, F32Array x) {
+        py::array_t<float> out(x.size());
+        std::memcpy(out.mutable_data(), x.data(), x.size() * 4);
+        float mx, *o = out.mutable_data();
+        if (x.size()) {
+            const float sum = kernels_for(isa).softmax_partial(o, int(x.size()), &mx);
+            for (py::ssize_t i = 0; i < x.size(); ++i) o[i] /= sum;  // normalized (base 2), for the tests
+        }
+        return out;
+    }, py::arg("isa"), py::arg("x"));
+    m.def("kernel_swiglu", [](const std::string& isa, F32Array g, F32Array u) {
+        if (g.size() != u.size()) throw ZenError("length mismatch");
+        py::array_t<float> out(g.size());
+        kernels_for(isa).swiglu(g.data(), u.data(), g.size(), out.mutable_data());
+        return out;
+    }, py::arg("isa"), py::arg("g"), py::arg("u"));
+}
+
+}  // namespace zen5

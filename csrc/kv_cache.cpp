@@ -1,0 +1,129 @@
+// The KV cache's storage and its conversions: a position's k and v into the cache's type and
+// layouts (store), and the layouts to and from a snapshot's plain rows (save, load).
+#include "kv_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace zen5 {
+
+KvType kv_type_from_name(const std::string& name) {
+    if (name == "f32") return KvType::F32;
+    if (name == "f16") return KvType::F16;
+    if (name == "q8_0") return KvType::Q8_0;
+    throw ZenError("KV cache type must be f32, f16 or q8_0, got '" + name + "'");
+}
+
+const char* kv_type_name(KvType t) {
+    return t == KvType::F32 ? "f32" : t == KvType::F16 ? "f16" : "q8_0";
+}
+
+KvCache::KvCache(const Config& c, int n_ctx, KvType type)
+    : type_(type), n_layer_(c.n_layer), n_head_kv_(c.n_head_kv), head_dim_(c.head_dim), kv_dim_(c.kv_dim()) {
+    if (n_ctx <= 0) throw ZenError("n_ctx must be positive");
+    elem_ = type_ == KvType::F32 ? 4 : type_ == KvType::F16 ? 2 : 1;
+    n_rows_ = (n_ctx + kKeyTile - 1) / kKeyTile * kKeyTile;
+    k_ = alloc_zeroed(layer_bytes() * n_layer_);
+    v_ = alloc_zeroed(layer_bytes() * n_layer_);
+    if (type_ == KvType::Q8_0) {
+        // a head starts on a channel quad (key_q8_index); store quantizes a head on the stack
+        if (head_dim_ % 4 != 0 || head_dim_ > 512)
+            throw ZenError("the q8_0 KV cache needs a head size that is a multiple of 4 and at most 512, not " +
+                           std::to_string(head_dim_));
+        kscale_.assign(size_t(n_layer_) * n_head_kv_ * n_rows_, 0.0f);
+        vscale_.assign(kscale_.size(), 0.0f);
+    }
+}
+
+size_t KvCache::bytes_per_token() const {
+    return size_t(n_layer_) * 2 * (size_t(kv_dim_) * elem_ + (type_ == KvType::Q8_0 ? 4 * n_head_kv_ : 0));
+}
+
+void KvCache::store(const Kernels& kernels, int layer, int pos, const float* k, const float* v) {
+    const int KV = kv_dim_;
+    uint8_t *K = at(k_, layer), *V = at(v_, layer);
+    if (type_ == KvType::Q8_0) {  // key_q8_index / value_q8_index layouts (kernels.h)
+        const int hd = head_dim_;
+        int8_t q[512];
+        int32_t sum;
+        for (int h = 0; h < n_head_kv_; ++h) {
+            vscale_[scale_index(layer, h) + pos] = quantize_s8(v + h * hd, hd, q, &sum);
+            for (int i = 0; i < hd; ++i) V[value_q8_index(pos, h * hd + i, KV)] = uint8_t(q[i]);
+            kscale_[scale_index(layer, h) + pos] = quantize_s8(k + h * hd, hd, q, &sum);
+            for (int i = 0; i < hd; ++i) K[key_q8_index(pos, h * hd + i, KV)] = uint8_t(q[i] + 128);
+        }
+        return;
+    }
+    // V is a row; K's channels go to their rows of the position's key tile, kKeyTile apart.
+    V += size_t(pos) * KV * elem_;
+    const size_t k0 = key_tile_index(pos, 0, KV);
+    if (type_ == KvType::F16) {
+        kernels.to_f16(v, KV, reinterpret_cast<uint16_t*>(V));
+        uint16_t h[64];
+        for (int c0 = 0; c0 < KV; c0 += 64) {
+            const int m = std::min(64, KV - c0);
+            kernels.to_f16(k + c0, m, h);
+            for (int i = 0; i < m; ++i) reinterpret_cast<uint16_t*>(K)[k0 + size_t(c0 + i) * kKeyTile] = h[i];
+        }
+    } else {
+        std::memcpy(V, v, sizeof(float) * KV);
+        for (int i = 0; i < KV; ++i) reinterpret_cast<float*>(K)[k0 + size_t(i) * kKeyTile] = k[i];
+    }
+}
+
+void KvCache::copy_rows(int layer, int n, char* krows, char* vrows, bool to_rows) {
+    // Plain rows (q8_0: signed bytes) keep a snapshot independent of the cache's layouts, and
+    // hold nothing of the positions past n.
+    const int KV = kv_dim_;
+    uint8_t *K = at(k_, layer), *V = at(v_, layer);
+    if (type_ == KvType::Q8_0) {
+        auto* kr = reinterpret_cast<int8_t*>(krows);
+        auto* vr = reinterpret_cast<int8_t*>(vrows);
+        for (int p = 0; p < n; ++p)
+            for (int c = 0; c < KV; ++c) {
+                uint8_t& kb = K[key_q8_index(p, c, KV)];
+                uint8_t& vb = V[value_q8_index(p, c, KV)];
+                int8_t& kx = kr[size_t(p) * KV + c];
+                int8_t& vx = vr[size_t(p) * KV + c];
+                if (to_rows) kx = int8_t(kb - 128), vx = int8_t(vb);
+                else kb = uint8_t(kx + 128), vb = uint8_t(vx);
+            }
+        return;
+    }
+    const size_t bytes = size_t(n) * KV * elem_;  // V is already rows
+    if (to_rows) std::memcpy(vrows, V, bytes);
+    else std::memcpy(V, vrows, bytes);
+    if (elem_ == 2)
+        copy_key_tiles(reinterpret_cast<uint16_t*>(K), reinterpret_cast<uint16_t*>(krows), n, KV, to_rows);
+    else
+        copy_key_tiles(reinterpret_cast<float*>(K), reinterpret_cast<float*>(krows), n, KV, to_rows);
+}
+
+void KvCache::save(int n, std::string& out) const {
+    // copy_rows is one loop for both directions; towards the rows it only reads the cache
+    auto* self = const_cast<KvCache*>(this);
+    const size_t rows = size_t(n) * kv_dim_ * elem_;
+    for (int l = 0; l < n_layer_; ++l) {
+        const size_t at = out.size();
+        out.resize(at + 2 * rows);
+        self->copy_rows(l, n, &out[at], &out[at + rows], true);
+        if (type_ != KvType::Q8_0) continue;
+        for (const std::vector<float>* s : {&kscale_, &vscale_})
+            for (int kvh = 0; kvh < n_head_kv_; ++kvh)
+                out.append(reinterpret_cast<const char*>(s->data() + scale_index(l, kvh)), sizeof(float) * n);
+    }
+}
+
+void KvCache::load(int n, const char* p) {
+    const size_t rows = size_t(n) * kv_dim_ * elem_;
+    for (int l = 0; l < n_layer_; ++l) {
+        // copy_rows is one loop for both directions; from the rows it only reads them
+        copy_rows(l, n, const_cast<char*>(p), const_cast<char*>(p + rows), false), p += 2 * rows;
+        if (type_ != KvType::Q8_0) continue;
+        for (std::vector<float>* s : {&kscale_, &vscale_})
+            for (int kvh = 0; kvh < n_head_kv_; ++kvh)
+                std::memcpy(s->data() + scale_index(l, kvh), p, sizeof(float) * n), p += sizeof(float) * n;
+    }
+}
+
+}  // namespace zen5

@@ -1,0 +1,63 @@
+// KvCache: the keys and values of one sequence, per layer, in the layouts the attention kernels
+// read (kernels.h). It is indexed by position and knows nothing of how many positions are live:
+// the Context keeps n_past, so rewinding is forgetting positions, and the next store simply
+// overwrites them. A snapshot holds the rows in plain (n, kv_dim) order, independent of these
+// layouts, so a file does not change when a layout does.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model.h"
+
+namespace zen5 {
+
+// How the cache stores K and V: fp32 (the exact path), fp16 (the int8 path's default) or int8
+// with one fp32 scale per position and kv head (q8_0: about half of fp16's bytes, the
+// attention's memory traffic at long context halved, at a small loss of precision).
+enum class KvType : uint32_t { F32 = 0, F16 = 1, Q8_0 = 2 };
+KvType kv_type_from_name(const std::string& name);  // "f32" | "f16" | "q8_0"; throws ZenError
+const char* kv_type_name(KvType t);
+
+class KvCache {
+  public:
+    // Room for n_ctx positions of every layer; throws ZenError when n_ctx is not positive or
+    // the model's head size does not suit the type.
+    KvCache(const Config& c, int n_ctx, KvType type);
+    KvType type() const { return type_; }
+    size_t bytes_per_token() const;  // K and V of one position over all layers, scales included
+
+    // Writes position pos of a layer: k and v are its kv_dim values each, converted to the type
+    // (`kernels` converts to fp16).
+    void store(const Kernels& kernels, int layer, int pos, const float* k, const float* v);
+
+    // A layer's K in key tiles (kernels.h, kKeyTile; q8_0: key_q8_index) and V in rows (q8_0:
+    // value_q8_index), n_ctx rounded up to whole key tiles of positions each.
+    const uint8_t* keys(int layer) const { return at(k_, layer); }
+    const uint8_t* values(int layer) const { return at(v_, layer); }
+    // q8_0: a kv head's scales of a layer, one per position from position 0
+    const float* key_scales(int layer, int head) const { return kscale_.data() + scale_index(layer, head); }
+    const float* value_scales(int layer, int head) const { return vscale_.data() + scale_index(layer, head); }
+
+    // Snapshot rows of positions [0, n): per layer K then V as (n, kv_dim) elements of the type
+    // (q8_0: signed bytes, then the K and the V scales as (n_head_kv, n) fp32); n *
+    // bytes_per_token() bytes in all. save appends them to out; load reads them from p.
+    void save(int n, std::string& out) const;
+    void load(int n, const char* p);
+
+  private:
+    size_t layer_bytes() const { return size_t(n_rows_) * kv_dim_ * elem_; }
+    uint8_t* at(const AlignedBytes& cache, int layer) const { return cache.get() + layer_bytes() * layer; }
+    size_t scale_index(int layer, int head) const { return (size_t(layer) * n_head_kv_ + head) * n_rows_; }
+    // between the cache's layouts and (n, kv_dim) rows, in either direction
+    void copy_rows(int layer, int n, char* krows, char* vrows, bool to_rows);
+
+    KvType type_;
+    int n_layer_, n_head_kv_, head_dim_, kv_dim_;
+    int n_rows_;   // n_ctx rounded up to whole key tiles
+    size_t elem_;  // 4, 2 or 1 bytes
+    AlignedBytes k_, v_;                   // (n_layer, n_rows, kv_dim) elements each, layouts above
+    std::vector<float> kscale_, vscale_;  // q8_0: (n_layer, n_head_kv, n_rows); a head's in position order
+};
+
+}  // namespace zen5

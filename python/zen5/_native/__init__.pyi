@@ -1,0 +1,69 @@
+# Type stub of the compiled module zen5._native (csrc/bindings.cpp), the production API. Hand
+# written and checked against the built module by tests/test_native_stub.py: every public name
+# on both sides, and the parameter names of every function and method. A stub package (this
+# folder, .pyi files only) because the module has a submodule, testing (testing.pyi); Python
+# imports the extension module beside it, never this folder.
+from collections.abc import Sequence
+from typing import Any, Literal, overload
+
+import numpy as np
+import numpy.typing as npt
+
+from zen5._native import testing as testing
+
+isa: str      # the kernel tier chosen at import (CPUID and OS state, or ZEN5_FORCE_ISA)
+version: str  # the project version the module was built from
+
+# Typed errors of the native code (model.h); the API layer maps them to protocol errors.
+class ZenError(RuntimeError): ...
+class ContextOverflow(ZenError): ...  # more tokens than the context holds
+class BadSnapshot(ZenError): ...      # a snapshot that is damaged or not one
+class ModelMismatch(ZenError): ...    # a snapshot of another model, matmul path or KV type
+class BadModel(ZenError): ...         # weights that do not fit the configuration
+
+def avx512_supported() -> bool: ...
+# (name, missing) for every ISA tier, worst to best; missing is "" when this CPU, OS and build run it
+def isa_tiers() -> list[tuple[str, str]]: ...
+# A token id drawn from logits (sampler.h); -1 when a logit is NaN or the max is not finite.
+# u: the caller's uniform draw in [0, 1).
+def sample_token(logits: npt.ArrayLike, temperature: float, top_k: int, top_p: float, min_p: float,
+                 u: float) -> int: ...
+def hardware_threads() -> int: ...
+
+class Model:
+    # config: ModelConfig.to_native(); tensors: (name, ggml type, shape, C-contiguous bytes),
+    # kept alive as long as the Model (its weights point into them)
+    def __init__(self, config: dict[str, Any], tensors: list[tuple[str, int, list[int], npt.NDArray[Any]]],
+                 rope_inv_freq: npt.ArrayLike, threads: int) -> None: ...
+    @property
+    def fingerprint(self) -> int: ...
+    @property
+    def n_params(self) -> int: ...
+    @property
+    def threads(self) -> int: ...
+
+class Context:
+    # isa: a tier name, "" for the active one; matmul: "int8" | "f32"; kv: "f32" | "f16" |
+    # "q8_0", "" for the matmul path's default
+    def __init__(self, model: Model, n_ctx: int, isa: str = "", matmul: str = "int8", kv: str = "") -> None: ...
+    @property
+    def isa(self) -> str: ...
+    @property
+    def kv_type(self) -> str: ...
+    @property
+    def kv_bytes_per_token(self) -> int: ...
+    @property
+    def n_past(self) -> int: ...
+    @property
+    def n_ctx(self) -> int: ...
+    # all_logits: (len(tokens), vocab_size) float32, one row per token; else None
+    @overload
+    def eval(self, tokens: Sequence[int], all_logits: Literal[False] = False) -> None: ...
+    @overload
+    def eval(self, tokens: Sequence[int], all_logits: Literal[True]) -> npt.NDArray[np.float32]: ...
+    @overload
+    def eval(self, tokens: Sequence[int], all_logits: bool = False) -> npt.NDArray[np.float32] | None: ...
+    def rewind(self, n: int, last_logits: npt.ArrayLike | None = None) -> None: ...
+    def snapshot(self) -> bytes: ...
+    def restore(self, blob: bytes) -> None: ...
+    def logits(self) -> npt.NDArray[np.float32]: ...  # (vocab_size,), a copy
