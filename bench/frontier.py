@@ -13,7 +13,7 @@ Several engines (the KV cache types) walk together, interleaved frontier by fron
 share each time window; each gets its own rows.
 
 Prompt lookup (`lookup=` names): those engines also time the same greedy decode through
-zen5.speculative.DraftFeed (guesses copied from the context, kept when they are the argmax), in
+zen5.lookup.DraftFeed (guesses copied from the context, kept when they are the argmax), in
 rows named "<engine>+lookup" whose prefill figures are the engine's own. The tokens are the same
 as the plain decode's; how many guesses are kept depends on the text (the fixed text repeats
 sentences, which the model copies), so these rows measure the mechanism on this text, not a
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from workload import WARMUP, time_test
-from zen5.speculative import MAX_DRAFT, DraftFeed, LookupStats
+from zen5.lookup import MAX_DRAFT, DraftFeed, LookupStats
 
 COLUMNS = ("ctx_tokens", "prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps", "kv_bytes")
 

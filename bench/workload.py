@@ -58,7 +58,7 @@ def fixed_text(n_sentences: int = 1600, seed: int = 20261130) -> str:
 def model_path(quant: str) -> str:
     """The benchmark's GGUF for `quant`: the shipped Q4_1 file, or its conversion (made on first
     use by scripts/convert_gguf.py, idempotent)."""
-    from zen5.models import cache_dir, resolve_model
+    from zen5.registry import cache_dir, resolve_model
 
     src = resolve_model("smollm2")
     if quant == "Q4_1":

@@ -50,7 +50,7 @@ def tmpfs(tmp_path):
 
 
 def _smollm2_path() -> str:
-    from zen5.models import ModelNotFound, resolve_model
+    from zen5.registry import ModelNotFound, resolve_model
 
     try:
         return resolve_model("smollm2")

@@ -119,7 +119,7 @@ def test_tiny_deepseek_matches_reference(tiny_deepseek_dir, isa):
 
 def test_dsml_tiny_matches_reference():
     """The trained DeepSeek-format model from ../shared/models, when present."""
-    from zen5.models import ModelNotFound, resolve_model
+    from zen5.registry import ModelNotFound, resolve_model
 
     try:
         path = resolve_model("dsml-tiny")

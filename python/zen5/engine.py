@@ -3,7 +3,7 @@
 `Engine.generate` tokenizes a prompt, keeps whatever prefix of it the context already holds
 (rewinding to the common token prefix; the session layer adds the richer cache ladder), prefills
 the rest, then samples token by token with stop strings, EOS, the token limit and the context
-limit as finish conditions; prompt-lookup guesses (speculative.py) are evaluated alongside,
+limit as finish conditions; prompt-lookup guesses (lookup.py) are evaluated alongside,
 which changes the speed, never the tokens. Text streams out through an incremental detokenizer
 so a multi-byte character split across tokens never leaks half-formed.
 """
@@ -18,9 +18,9 @@ from typing import Callable, Iterator
 from zen5 import _native, overrides
 from zen5.config import SUPPORTED_TYPES, ModelConfig
 from zen5.loader import LoadedWeights, load_weights
-from zen5.models import resolve_model
+from zen5.registry import resolve_model
 from zen5.sampling import Sampler, SamplingParams, TokenLogprob
-from zen5.speculative import MAX_DRAFT, DraftFeed
+from zen5.lookup import MAX_DRAFT, DraftFeed
 from zen5.stop_strings import find_stop, partial_stop_len
 from zen5.tokenizer import StreamDecoder, Tokenizer
 
@@ -41,7 +41,7 @@ class Usage:
     reused_tokens: int        # prompt tokens already in the KV cache
     prefill_seconds: float
     decode_seconds: float
-    guessed_tokens: int = 0   # prompt-lookup guesses evaluated (speculative.py)
+    guessed_tokens: int = 0   # prompt-lookup guesses evaluated (lookup.py)
     kept_tokens: int = 0      # of them, tokens the sampler picked
 
     @property
@@ -110,7 +110,7 @@ class Engine:
                                    kv_type or overrides.get("ZEN5_KV_TYPE") or "")
         self.kv_type: str = self.ctx.kv_type
         # lookup: guesses per decode batch for prompt-lookup speculative decoding
-        # (speculative.py; 0 turns it off). It never changes a reply, only its speed.
+        # (lookup.py; 0 turns it off). It never changes a reply, only its speed.
         raw = (overrides.get("ZEN5_LOOKUP") or MAX_DRAFT) if lookup is None else lookup
         try:
             self.lookup = int(raw)

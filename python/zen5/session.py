@@ -54,7 +54,7 @@ from zen5.dialects import base as d
 from zen5.engine import Engine
 from zen5.sampling import Sampler, token_logprob
 from zen5.signatures import ThinkingSigner, load_or_create_secret
-from zen5.speculative import DraftFeed
+from zen5.lookup import DraftFeed
 from zen5.stop_strings import first_stop, partial_stop_len
 from zen5.tokenizer import StreamDecoder
 from zen5.tool_memory import ToolMemory, ToolRecord, new_tool_id
@@ -515,7 +515,7 @@ class _Generation:
         self.sampler = Sampler(request.sampling)
         self.decoder = StreamDecoder(session.engine.tokenizer)
         store = session.checkpoints
-        # guesses from prompt lookup (speculative.py); batches stop at checkpoint frontiers
+        # guesses from prompt lookup (lookup.py); batches stop at checkpoint frontiers
         self.feed = DraftFeed(session.engine, max_draft=session.engine.lookup,
                               align=store.config.frontier_step if store is not None else 0)
         self.evaluated: list[int] = []   # sampled tokens now in the cache

@@ -17,7 +17,7 @@ from zen5.dialects.base import (ErrorEvent, ParseError, Segment, TextDelta, Tool
                                 ToolCallEnd, ToolCallStart)
 from zen5.dialects.chatml import (DEFAULT_SYSTEM, PAYLOAD, STRUCTURE, ChatMLDialect,
                                   assistant_text, parse_call_json)
-from zen5.models import ModelNotFound, resolve_model
+from zen5.registry import ModelNotFound, resolve_model
 from zen5.tokenizer import Tokenizer
 
 D = ChatMLDialect()

@@ -1,4 +1,4 @@
-"""Prompt-lookup speculative decoding (speculative.py): the lookup against a brute-force search,
+"""Prompt-lookup speculative decoding (lookup.py): the lookup against a brute-force search,
 and on real weights the one property that matters: a reply is the same token sequence with
 lookup on or off (greedy and seeded), and the cache ends exactly at the reply with the logits of
 its last token current, however the generation ended."""
@@ -11,7 +11,7 @@ from zen5 import _native
 from zen5.chat_types import ChatRequest, Finish, Message, TextDelta
 from zen5.engine import Engine
 from zen5.session import ChatSession
-from zen5.speculative import NGRAM_MAX, NGRAM_MIN, DraftFeed, Lookup
+from zen5.lookup import NGRAM_MAX, NGRAM_MIN, DraftFeed, Lookup
 
 
 def brute_draft(tokens: list[int], limit: int) -> list[int]:
