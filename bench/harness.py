@@ -278,7 +278,7 @@ class Run:
         cfg = self.cfg
         points = self._frontiers(zen5)
         zen5.engine("Q4_1", cfg.frontier_threads)  # loads the Q4_1 weights if not yet loaded
-        engines = {kv: Engine(zen5.weights["Q4_1"], threads=cfg.frontier_threads, ctx=points[-1] + cfg.frontier_gen,
+        engines = {kv: Engine(zen5.weights["Q4_1"], threads=cfg.frontier_threads, n_ctx=points[-1] + cfg.frontier_gen,
                               kv_type=kv, isa=self.tier) for kv in cfg.frontier_kv}
         self.frontier_rows = frontier_mod.walk(engines, self.tokens, points, cfg.frontier_gen,
                                                cfg.frontier_repeat, log=self.log,

@@ -78,4 +78,4 @@ def tiny_deepseek_dir(tmp_path_factory) -> Path:
 def smollm2(smollm2_path):
     from zen5.engine import Engine
 
-    return Engine.load(smollm2_path, ctx=1024)
+    return Engine.load(smollm2_path, n_ctx=1024)

@@ -27,7 +27,7 @@ def session_for(name, tmp_path):
         path = resolve_model(name)
     except ModelNotFound as e:
         pytest.skip(str(e))
-    return ChatSession(Engine.load(path, ctx=4096), state_dir=tmp_path)
+    return ChatSession(Engine.load(path, n_ctx=4096), state_dir=tmp_path)
 
 
 @pytest.mark.parametrize("name,questions", [

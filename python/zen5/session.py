@@ -479,7 +479,7 @@ class ChatSession:
         inside: dict[str, bool] = {}
         tools = [r for r in self.memory.records()
                  if inside.setdefault(r.block_id, bool(r.block_raw) and r.block_raw in text)]
-        entry = store.save(text, eng.tokens, eng.ctx.logits(), eng.snapshot(), eng.n_ctx, reason, tools)
+        entry = store.save(text, eng.tokens, eng.native_ctx.logits(), eng.snapshot(), eng.n_ctx, reason, tools)
         if entry is None:
             return f"the state ({eng.n_tokens} tokens) could not be written (see the log)"
         return f"saved {eng.n_tokens} tokens as checkpoint {entry.key[:12]} ({reason})"

@@ -715,7 +715,7 @@ def test_tool_tuned_model_calls_get_weather():
         pytest.skip(str(e))
     from zen5.engine import Engine
 
-    engine = Engine.load(path, ctx=1024)
+    engine = Engine.load(path, n_ctx=1024)
     msgs = [{"role": "user", "content": "What's the weather like in Paris right now?"}]
     ids = engine.tokenizer.encode_segments(D.render_segments(msgs, [WEATHER_TOOL]))
     out = engine.generate(ids, max_tokens=64, temperature=0)

@@ -337,8 +337,8 @@ def test_tasks_and_wo_eos(tok):
 
 
 def test_context_prefix_is_not_rendered(tok):
-    ctx = MULTI_TURN[:2]
-    got = encode_messages([{"role": "user", "content": "q2"}], "thinking", context=ctx)
+    prior = MULTI_TURN[:2]
+    got = encode_messages([{"role": "user", "content": "q2"}], "thinking", context=prior)
     check_prompt(tok, got, f"{U}q2{A}<think>")
 
 
