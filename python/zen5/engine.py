@@ -35,7 +35,9 @@ def default_threads() -> int:
 
 
 @dataclass
-class Usage:
+class GenerationUsage:
+    """The counts and timings of one `generate` call (the chat layer reports its own,
+    chat_types.Usage)."""
     prompt_tokens: int
     completion_tokens: int
     reused_tokens: int        # prompt tokens already in the KV cache
@@ -62,14 +64,14 @@ class Chunk:
     token_id: int | None = None
     logprob: TokenLogprob | None = None
     finish_reason: str | None = None
-    usage: Usage | None = None
+    usage: GenerationUsage | None = None
 
 
 @dataclass
 class Generation:
     text: str
     finish_reason: str
-    usage: Usage
+    usage: GenerationUsage
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
 
@@ -335,7 +337,7 @@ class Engine:
         if not stopped_on_text:
             held += decoder.flush()
         t2 = time.perf_counter()
-        usage = Usage(len(ids), n_out, reused, t1 - t0, t2 - t1, feed.stats.drafted, feed.stats.accepted)
+        usage = GenerationUsage(len(ids), n_out, reused, t1 - t0, t2 - t1, feed.stats.drafted, feed.stats.accepted)
         yield Chunk(held, None, None, finish, usage)
 
     # ---- description ---------------------------------------------------------------------

@@ -25,7 +25,7 @@ class Piece:
     text: str
     logprob: dict | None = None        # {"token", "logprob", "top": {token: logprob}}
     finish_reason: str | None = None
-    usage: object = None               # engine.Usage on the last piece
+    usage: object = None               # engine.GenerationUsage on the last piece
 
 
 @dataclass
