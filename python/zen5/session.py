@@ -601,21 +601,21 @@ class _Generation:
 
     def _translate(self, events: list[d.Event]) -> Iterator[ChatEvent]:
         for e in events:
-            if isinstance(e, d.ReasoningDelta):
+            if isinstance(e, d.ParsedReasoning):
                 self._thinking.append(e.text)
                 if not self.req.redact_thinking:
                     yield ThinkingDelta(e.text)
                 continue
             yield from self._close_thinking()
-            if isinstance(e, d.TextDelta):
+            if isinstance(e, d.ParsedText):
                 yield TextDelta(e.text)
-            elif isinstance(e, d.ToolCallStart):
+            elif isinstance(e, d.ParsedCallStart):
                 cid = new_tool_id(self.req.id_prefix)
                 self._calls[e.index] = [cid, e.name, None]
                 yield ToolCallStart(cid, e.name, e.index, self._kind(e.name))
-            elif isinstance(e, d.ToolCallArgsDelta) and e.index in self._calls:
+            elif isinstance(e, d.ParsedCallArgs) and e.index in self._calls:
                 yield ToolCallDelta(self._calls[e.index][0], e.json_fragment, e.index)
-            elif isinstance(e, d.ToolCallEnd) and e.index in self._calls:
+            elif isinstance(e, d.ParsedCallEnd) and e.index in self._calls:
                 c = self._calls[e.index]
                 c[2] = e.arguments
                 yield ToolCallDone(c[0], e.name, e.arguments, e.index, self._kind(e.name))
