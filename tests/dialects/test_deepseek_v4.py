@@ -21,7 +21,7 @@ from zen5.dialects.base import (ErrorEvent, ParsedCallArgs, ParsedCallEnd, Parse
 from zen5.dialects.deepseek_v4 import (DeepSeekV4Dialect, encode_messages,
                                        parse_message_from_completion_text, render_segments,
                                        render_tool_calls)
-from zen5.dialects.deepseek_v4_stream import (DeepSeekV4StreamParser, SyntaxTracker,
+from zen5.dialects.deepseek_v4_stream import (DeepSeekV4StreamParser, DeepSeekV4SyntaxTracker,
                                               message_from_events)
 
 B, E = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
@@ -793,7 +793,7 @@ def test_parse_of_render_round_trips_for_generated_calls(calls, mode):
 # ---- the syntax/payload tracker ----------------------------------------------------------------
 def _kinds(text: str, mode: str = "thinking") -> list[tuple[str, str]]:
     """(kind before each character, character), grouped into runs."""
-    tracker, runs = SyntaxTracker(mode), []
+    tracker, runs = DeepSeekV4SyntaxTracker(mode), []
     for ch in text:
         kind = tracker.kind()
         if runs and runs[-1][0] == kind:
@@ -816,10 +816,10 @@ def test_syntax_tracker_separates_structure_and_payload():
         ("json_string", 'v"'), ("json_structure", ', "'), ("json_string", 'n"'),
         ("json_structure", ": [1]}</"),
         ("structure", f"{D}parameter>\n</{D}invoke>\n</{D}tool_calls>{E}"), ("done", "")]
-    tracker = SyntaxTracker("thinking")
+    tracker = DeepSeekV4SyntaxTracker("thinking")
     tracker.feed("r" + block)                  # DSML inside reasoning is reasoning payload
     assert tracker.kind() == "reasoning" and not tracker.is_structure()
-    tracker = SyntaxTracker("chat")
+    tracker = DeepSeekV4SyntaxTracker("chat")
     assert tracker.feed("x" + block[:block.index("string=")]) == "structure"
     assert tracker.is_structure() and tracker.next_kind() == "structure"
     assert DIALECT.syntax_tracker(thinking_mode="chat").feed("Hello") == "payload"

@@ -104,7 +104,9 @@ def _prompt(p) -> str | list[int]:
                       param="prompt")
 
 
-class Reply:
+class CompletionReply:
+    """A completion's pieces as they arrive (the chat adapters build a conversations.Reply)."""
+
     def __init__(self):
         self.pieces: list[Piece] = []
         self.finish: Piece | None = None
@@ -122,7 +124,7 @@ class Reply:
         return {"text": self.text}
 
 
-new_reply = Reply
+new_reply = CompletionReply
 
 
 def _logprobs(pieces: list[Piece], offset: int) -> dict:
@@ -147,7 +149,7 @@ def _echo(turn: Turn) -> str:
     return turn.prompt if turn.echo and isinstance(turn.prompt, str) else ""
 
 
-def body(turn: Turn, reply: Reply, api_ctx: ApiContext) -> dict:
+def body(turn: Turn, reply: CompletionReply, api_ctx: ApiContext) -> dict:
     lead = _echo(turn)
     choice = {"text": lead + reply.text, "index": 0, "finish_reason": reply.finish.finish_reason,
               "logprobs": _logprobs(reply.pieces, len(lead)) if turn.logprobs else None}
@@ -155,7 +157,7 @@ def body(turn: Turn, reply: Reply, api_ctx: ApiContext) -> dict:
             "choices": [choice], "usage": usage(reply.finish.usage)}
 
 
-def remember(turn: Turn, reply: Reply, api_ctx: ApiContext) -> None:
+def remember(turn: Turn, reply: CompletionReply, api_ctx: ApiContext) -> None:
     pass
 
 

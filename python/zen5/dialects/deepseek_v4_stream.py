@@ -39,7 +39,7 @@ from .deepseek_v4_syntax import (BLOCK_CLOSE, DSML, EOS, FORBIDDEN_IN_TEXT, INVO
                                  INVOKE_NAME_RE, INVOKE_OPEN, PARAM_OPEN, PARAM_STOP, THINK_CLOSE,
                                  TOOL_TAG, parse_strict, to_json)
 
-__all__ = ["DeepSeekV4StreamParser", "SyntaxTracker", "parse_lenient", "message_from_events"]
+__all__ = ["DeepSeekV4StreamParser", "DeepSeekV4SyntaxTracker", "parse_lenient", "message_from_events"]
 
 _AFTER_INVOKE = ((">\n" + INVOKE_OPEN, "invoke_header"), (">\n" + BLOCK_CLOSE, "block_closed"))
 _AFTER_PARAM = ((">\n" + PARAM_OPEN, "param_header"), (">\n" + INVOKE_CLOSE, "after_invoke"))
@@ -148,7 +148,7 @@ class DeepSeekV4StreamParser:
         return self._drain()
 
     def position_kind(self) -> str:
-        """What the next token is: see SyntaxTracker."""
+        """What the next token is: see DeepSeekV4SyntaxTracker."""
         state, buf = self._state, self._buf
         if state == "content" and ("<" + DSML) in buf:
             return "structure"        # a tool tag is being written
@@ -449,7 +449,7 @@ def parse_lenient(text: str, thinking_mode: str = "thinking") -> ParsedMessage:
     return message_from_events(events, tuple(parser.notes), parser.tool_block_raw)
 
 
-class SyntaxTracker:
+class DeepSeekV4SyntaxTracker:
     """Issue 3 item 5: is the next token protocol structure (decode greedily) or payload (decode
     with the request's sampling settings)? Feed it the same text as the stream parser.
     `next_kind()` (also returned by `feed`) is "structure" or "payload", as in ChatML's tracker;
