@@ -64,8 +64,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-ctx", type=int, default=7200)
     a = ap.parse_args()
-    live_eng = Engine.load(a.model, threads=a.threads, ctx=8192)
-    cold_eng = Engine(live_eng.weights, threads=a.threads, ctx=8192)  # same mapped weights
+    live_eng = Engine.load(a.model, threads=a.threads, n_ctx=8192)
+    cold_eng = Engine(live_eng.weights, threads=a.threads, n_ctx=8192)  # same mapped weights
     state = Path("/tmp") / "zen5-bench-state"
     live, cold = ChatSession(live_eng, "chatml", state_dir=state), ChatSession(cold_eng, "chatml", state_dir=state)
     script = Script(live)
@@ -76,14 +76,14 @@ def main():
         cold_eng.reset()
         cold_ttft, cold_fin, _ = turn(cold, script, msgs, call)
         live_ttft, live_fin, events = turn(live, script, msgs, call)
-        ctx = live_fin.usage.prompt_tokens
+        prompt_tokens = live_fin.usage.prompt_tokens
         rows.append(dict(date=datetime.datetime.now().isoformat(timespec="seconds"), commit=commit(),
-                         threads=a.threads, turn=i, ctx_tokens=ctx,
+                         threads=a.threads, turn=i, ctx_tokens=prompt_tokens,
                          live_source=live_fin.usage.cache_source, live_prefilled=live_fin.usage.prefilled_tokens,
                          live_ttft_ms=round(live_ttft * 1e3, 1), cold_prefilled=cold_fin.usage.prefilled_tokens,
                          cold_ttft_ms=round(cold_ttft * 1e3, 1), speedup=round(cold_ttft / live_ttft, 1)))
         print(rows[-1], flush=True)
-        if ctx + 600 > a.max_ctx:
+        if prompt_tokens + 600 > a.max_ctx:
             break
         done = [e for e in events if type(e).__name__ == "ToolCallDone"][0]
         msgs += [Message("assistant", (ToolUseBlock(done.id, done.name, done.arguments),)),

@@ -57,7 +57,8 @@ def measure(eng: Engine, other: Engine, n: int, repeat: int, work: Path) -> dict
     saves, entry = [], None
     for i in range(repeat):
         st = CheckpointStore(work / f"save{n}_{i}", fingerprint=fp, min_tokens=1)
-        saves.append(timed(lambda: st.save(text, eng.tokens, eng.ctx.logits(), eng.snapshot(), eng.n_ctx, "cold")))
+        saves.append(timed(lambda: st.save(text, eng.tokens, eng.native_ctx.logits(), eng.snapshot(), eng.n_ctx,
+                                           "cold")))
         entry, store = st.entries()[0], st
     size = entry.size
 
@@ -97,9 +98,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--dir", default=None, help="where to write (default: the temp dir; use a real disk, not tmpfs)")
     a = ap.parse_args()
-    ctx = max(a.tokens) + 16
-    eng = Engine.load(a.model, threads=a.threads, ctx=ctx)
-    other = Engine(eng.weights, threads=a.threads, ctx=ctx)
+    n_ctx = max(a.tokens) + 16
+    eng = Engine.load(a.model, threads=a.threads, n_ctx=n_ctx)
+    other = Engine(eng.weights, threads=a.threads, n_ctx=n_ctx)
     eng.append(eng.tokenizer.encode(TEXT)[:32])  # warm-up: page in the weights
     out = Path(__file__).parent / "results" / "checkpoints.csv"
     rows = []

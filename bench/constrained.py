@@ -118,7 +118,7 @@ def main() -> None:
     ap.add_argument("--sync", action="store_true", help="compute each mask inline, not in the background")
     a = ap.parse_args()
     constraints.BACKGROUND_MASK = not a.sync
-    eng = Engine.load(a.model, threads=a.threads, ctx=2048)
+    eng = Engine.load(a.model, threads=a.threads, n_ctx=2048)
     session = ChatSession(eng, "chatml", state_dir=tempfile.mkdtemp(prefix="zen5-bench-"))
     prompt, shared, constraint = KINDS["tool"]
     decode(session, prompt, {**shared, **constraint}, 0, 8)  # warm-up: weights, llguidance tokenizer

@@ -13,7 +13,7 @@ Several engines (the KV cache types) walk together, interleaved frontier by fron
 share each time window; each gets its own rows.
 
 Prompt lookup (`lookup=` names): those engines also time the same greedy decode through
-zen5.speculative.DraftFeed (guesses copied from the context, kept when they are the argmax), in
+zen5.lookup.DraftFeed (guesses copied from the context, kept when they are the argmax), in
 rows named "<engine>+lookup" whose prefill figures are the engine's own. The tokens are the same
 as the plain decode's; how many guesses are kept depends on the text (the fixed text repeats
 sentences, which the model copies), so these rows measure the mechanism on this text, not a
@@ -33,18 +33,18 @@ from pathlib import Path
 import numpy as np
 
 from workload import WARMUP, time_test
-from zen5.speculative import MAX_DRAFT, DraftFeed, LookupStats
+from zen5.lookup import MAX_DRAFT, DraftFeed, LookupStats
 
 COLUMNS = ("ctx_tokens", "prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps", "kv_bytes")
 
 
-def kv_bytes_per_position(ctx, tokens: list[int]) -> int:
-    ctx.rewind(0)
-    ctx.eval(tokens[:1])
-    one = len(ctx.snapshot())
-    ctx.eval(tokens[1:2])
-    two = len(ctx.snapshot())
-    ctx.rewind(0)
+def kv_bytes_per_position(native_ctx, tokens: list[int]) -> int:
+    native_ctx.rewind(0)
+    native_ctx.eval(tokens[:1])
+    one = len(native_ctx.snapshot())
+    native_ctx.eval(tokens[1:2])
+    two = len(native_ctx.snapshot())
+    native_ctx.rewind(0)
     return two - one
 
 
@@ -52,10 +52,10 @@ def walk(engines: dict, tokens: list[int], frontiers: list[int], gen_tokens: int
          log=print, lookup: tuple[str, ...] = ()) -> dict[str, list[dict]]:
     """engines: name -> Engine; returns name -> rows (and "<name>+lookup" -> rows for `lookup`)."""
     eos = sorted(next(iter(engines.values())).tokenizer.eos_ids)
-    per_pos = {name: kv_bytes_per_position(e.ctx, tokens) for name, e in engines.items()}
+    per_pos = {name: kv_bytes_per_position(e.native_ctx, tokens) for name, e in engines.items()}
     for e in engines.values():
         for test in WARMUP:
-            time_test(e.ctx, tokens, test, eos)
+            time_test(e.native_ctx, tokens, test, eos)
         e.reset()
     rows: dict[str, list[dict]] = {name: [] for name in engines}
     rows.update({f"{name}+lookup": [] for name in lookup})

@@ -22,7 +22,7 @@ Workload (fixed; see workload.py for the test definitions and the text):
             every quant's ratio uses it).
   frontier  Q4_1 at 2 threads: the text walked to 512, 1024, ... 8192 tokens (frontier.py), with
             the f16 KV cache (the default) and the q8_0 one, interleaved frontier by frontier;
-            the f16 engine's decode is timed a second time with prompt lookup (speculative.py).
+            the f16 engine's decode is timed a second time with prompt lookup (lookup.py).
 Every repetition runs each engine once per (quant, threads), engines in a rotating order, so
 zen5 and the peers share each time window (this VM drifts 5-20% between runs minutes apart).
 Each engine block starts with a warm-up (pp64, tg8) that is never recorded. Default 5
@@ -278,7 +278,7 @@ class Run:
         cfg = self.cfg
         points = self._frontiers(zen5)
         zen5.engine("Q4_1", cfg.frontier_threads)  # loads the Q4_1 weights if not yet loaded
-        engines = {kv: Engine(zen5.weights["Q4_1"], threads=cfg.frontier_threads, ctx=points[-1] + cfg.frontier_gen,
+        engines = {kv: Engine(zen5.weights["Q4_1"], threads=cfg.frontier_threads, n_ctx=points[-1] + cfg.frontier_gen,
                               kv_type=kv, isa=self.tier) for kv in cfg.frontier_kv}
         self.frontier_rows = frontier_mod.walk(engines, self.tokens, points, cfg.frontier_gen,
                                                cfg.frontier_repeat, log=self.log,

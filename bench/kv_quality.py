@@ -44,7 +44,7 @@ def measure(n_tokens: int, threads: int | None = None) -> list[dict]:
 
     path = model_path("Q4_1")
     weights = load_weights(path)
-    engines = [Engine(weights, threads=threads, ctx=n_tokens, matmul=m, kv_type=k) for m, k in CONFIGS]
+    engines = [Engine(weights, threads=threads, n_ctx=n_tokens, matmul=m, kv_type=k) for m, k in CONFIGS]
     tokens = engines[0].tokenizer.encode(fixed_text())[:n_tokens]
     if len(tokens) < n_tokens:
         raise ValueError(f"the fixed text has {len(tokens)} tokens, fewer than {n_tokens}")
@@ -54,7 +54,7 @@ def measure(n_tokens: int, threads: int | None = None) -> list[dict]:
     for c0 in range(0, n_tokens - 1, CHUNK):
         chunk = tokens[c0:min(c0 + CHUNK, n_tokens - 1)]
         target = np.array(tokens[c0 + 1:c0 + 1 + len(chunk)])
-        logp = [_log_softmax(e.ctx.eval(chunk, all_logits=True)) for e in engines]
+        logp = [_log_softmax(e.native_ctx.eval(chunk, all_logits=True)) for e in engines]
         exact = logp[0]
         for i, lp in enumerate(logp):
             nll[i].append(-lp[np.arange(len(chunk)), target])

@@ -31,12 +31,12 @@ def measure(eng: Engine, n_prompt: int, n_gen: int) -> tuple[float, float]:
     toks = eng.tokenizer.encode(TEXT)[:n_prompt]
     eng.reset()
     t0 = time.perf_counter()
-    eng.ctx.eval(toks)
+    eng.native_ctx.eval(toks)
     t1 = time.perf_counter()
     for _ in range(n_gen):
-        logits = eng.ctx.logits()
+        logits = eng.native_ctx.logits()
         logits[list(eng.tokenizer.eos_ids)] = -np.inf
-        eng.ctx.eval([int(np.argmax(logits))])
+        eng.native_ctx.eval([int(np.argmax(logits))])
     t2 = time.perf_counter()
     eng.reset()
     return n_prompt / (t1 - t0), n_gen / (t2 - t1)
@@ -51,7 +51,7 @@ def main() -> None:
     out = Path(__file__).parent / "results" / f"{cpu_name()}.csv"
     rows = []
     for threads in (1, 2):
-        eng = Engine.load(a.model, threads=threads, ctx=1024, isa=a.isa)
+        eng = Engine.load(a.model, threads=threads, n_ctx=1024, isa=a.isa)
         measure(eng, 32, 8)  # warm-up: page in the weights
         for n_prompt in (128, 512):
             st0 = steal()

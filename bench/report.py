@@ -258,7 +258,7 @@ def _frontier_lookup(path: Path, first: dict, last: dict) -> str:
         return ""
     rows = _read(path)
     a, b = rows[0], rows[-1]
-    return (f" The same decodes with prompt lookup (speculative.py, on by default; `bench/results/{path.name}`) "
+    return (f" The same decodes with prompt lookup (lookup.py, on by default; `bench/results/{path.name}`) "
             f"produce the same tokens at {_fmt(float(a['gen_tps']))} tok/s at {a['ctx_tokens']} "
             f"({float(a['gen_tps']) / float(first['gen_tps']):.2f}x) and {_fmt(float(b['gen_tps']))} at "
             f"{b['ctx_tokens']} ({float(b['gen_tps']) / float(last['gen_tps']):.2f}x): the fixed text repeats its "

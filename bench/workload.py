@@ -58,7 +58,7 @@ def fixed_text(n_sentences: int = 1600, seed: int = 20261130) -> str:
 def model_path(quant: str) -> str:
     """The benchmark's GGUF for `quant`: the shipped Q4_1 file, or its conversion (made on first
     use by scripts/convert_gguf.py, idempotent)."""
-    from zen5.models import cache_dir, resolve_model
+    from zen5.registry import cache_dir, resolve_model
 
     src = resolve_model("smollm2")
     if quant == "Q4_1":
@@ -113,7 +113,7 @@ class Zen5Runner:
         if key not in self.engines:
             if quant not in self.weights:
                 self.weights[quant] = load_weights(model_path(quant))
-            self.engines[key] = Engine(self.weights[quant], threads=threads, ctx=self.max_tokens, isa=self.isa)
+            self.engines[key] = Engine(self.weights[quant], threads=threads, n_ctx=self.max_tokens, isa=self.isa)
         return self.engines[key]
 
     def describe(self, quant: str, threads: int) -> tuple[str, str]:
@@ -127,30 +127,30 @@ class Zen5Runner:
         eos = sorted(eng.tokenizer.eos_ids)
         out = {}
         for test in list(WARMUP) + list(tests):
-            out[test] = time_test(eng.ctx, tokens, test, eos)
+            out[test] = time_test(eng.native_ctx, tokens, test, eos)
         return {t: out[t] for t in tests}
 
 
-def time_test(ctx, tokens: list[int], test: str, eos: list[int]) -> float:
+def time_test(native_ctx, tokens: list[int], test: str, eos: list[int]) -> float:
     """Seconds for one ppN / tgN test on a native context (see the module doc)."""
     n = n_tokens(test)
-    ctx.rewind(0)
+    native_ctx.rewind(0)
     if test.startswith("pp"):
         t0 = time.perf_counter()
-        ctx.eval(tokens[:n])
+        native_ctx.eval(tokens[:n])
         dt = time.perf_counter() - t0
     else:
-        ctx.eval(tokens[:1])
+        native_ctx.eval(tokens[:1])
         t0 = time.perf_counter()
-        decode(ctx, n, eos)
+        decode(native_ctx, n, eos)
         dt = time.perf_counter() - t0
-    ctx.rewind(0)
+    native_ctx.rewind(0)
     return dt
 
 
-def decode(ctx, n: int, eos: list[int]) -> None:
+def decode(native_ctx, n: int, eos: list[int]) -> None:
     """n greedy steps with EOS suppressed."""
     for _ in range(n):
-        logits = ctx.logits()
+        logits = native_ctx.logits()
         logits[eos] = -math.inf
-        ctx.eval([int(np.argmax(logits))])
+        native_ctx.eval([int(np.argmax(logits))])

@@ -10,7 +10,7 @@ they are; so are all metadata keys and the tokenizer (the same copy `gguf_new_me
 except `general.file_type`, which is set to the new type. Requantizing a Q4_1 file to Q8_0 keeps
 its values to within Q8_0's rounding; the derived files are benchmark inputs, not better models.
 
-Outputs go to the model cache (`zen5.models.cache_dir()`, i.e. $ZEN5_CACHE or
+Outputs go to the model cache (`zen5.registry.cache_dir()`, i.e. $ZEN5_CACHE or
 ~/.cache/zen5/models) as `<stem>.<TYPE>.gguf`, written to a temporary name and renamed, so an
 existing output means a finished conversion and a rerun does nothing (idempotent).
 
@@ -77,7 +77,7 @@ def convert(src: Path, dst: Path, qtype: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-    from zen5.models import cache_dir, resolve_model
+    from zen5.registry import cache_dir, resolve_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2", help="model name or GGUF path (default smollm2)")

@@ -50,7 +50,7 @@ def tmpfs(tmp_path):
 
 
 def _smollm2_path() -> str:
-    from zen5.models import ModelNotFound, resolve_model
+    from zen5.registry import ModelNotFound, resolve_model
 
     try:
         return resolve_model("smollm2")
@@ -78,4 +78,4 @@ def tiny_deepseek_dir(tmp_path_factory) -> Path:
 def smollm2(smollm2_path):
     from zen5.engine import Engine
 
-    return Engine.load(smollm2_path, ctx=1024)
+    return Engine.load(smollm2_path, n_ctx=1024)

@@ -30,8 +30,8 @@ def check(path: str, isa: str, matmul: str = "f32") -> float:
     cfg, tensors = load_for_reference(path)
     with torch.no_grad():
         ref = TorchRef(cfg, tensors).forward(TOKENS).numpy()
-    eng = Engine.load(path, ctx=64, isa=isa, threads=2, matmul=matmul)
-    ours = eng.ctx.eval(TOKENS, all_logits=True)
+    eng = Engine.load(path, n_ctx=64, isa=isa, threads=2, matmul=matmul)
+    ours = eng.native_ctx.eval(TOKENS, all_logits=True)
     rel = float(np.abs(ours - ref).max() / np.abs(ref).max())
     assert rel < (1e-4 if matmul == "f32" else 5e-2), f"{path} {isa} {matmul}: relative difference {rel:.3g}"
     assert (ours.argmax(1) == ref.argmax(1)).mean() >= (0.95 if matmul == "f32" else 0.8)
@@ -60,7 +60,7 @@ def test_safetensors_arch_and_dtype(tmp_path, arch, dtype):
                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 16}])
 def test_rope_scaling(tmp_path, scaling):
     path = tiny_gguf.write_hf_dir(tmp_path / "scaled", config_overrides={"rope_scaling": scaling})
-    assert Engine.load(path, ctx=64).config.rope_scaling is not None
+    assert Engine.load(path, n_ctx=64).config.rope_scaling is not None
     check(path, ISAS[-1])
 
 
@@ -69,5 +69,5 @@ def test_q8_cache_refuses_a_head_size_its_layout_cannot_hold(tmp_path):
     the default cache serves the same model."""
     path = tiny_gguf.write_gguf(tmp_path / "hd6.gguf", matrix_type=Q.F32, head_dim=6)
     with pytest.raises(_native.ZenError, match="multiple of 4 and at most 512, not 6"):
-        Engine.load(path, ctx=32, kv_type="q8_0")
-    assert Engine.load(path, ctx=32).generate("hi", max_tokens=2, temperature=0).completion_tokens >= 1
+        Engine.load(path, n_ctx=32, kv_type="q8_0")
+    assert Engine.load(path, n_ctx=32).generate("hi", max_tokens=2, temperature=0).completion_tokens >= 1

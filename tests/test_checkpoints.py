@@ -374,7 +374,7 @@ RESTART = """
     from zen5.engine import Engine
     from zen5.session import ChatSession
     a = json.load(open(sys.argv[1]))
-    eng = Engine.load(a["model"], ctx=4096)
+    eng = Engine.load(a["model"], n_ctx=4096)
     s = ChatSession(eng, "chatml", state_dir=a["state"], checkpoints=CheckpointStore(a["dir"], **a["knobs"]))
     out = {}
     for name, msgs in a["requests"]:
@@ -391,7 +391,7 @@ RESTART = """
 
 @pytest.fixture(scope="module")
 def smol_engine(smollm2_path):
-    return Engine.load(smollm2_path, ctx=4096)
+    return Engine.load(smollm2_path, n_ctx=4096)
 
 
 def new_session(engine, tmp_path, name="ck", **knobs) -> ChatSession:
@@ -444,9 +444,9 @@ def test_restart_restores_the_checkpoint_and_prefills_only_the_suffix(smollm2_pa
     # gives exactly what a cold prefill of those tokens gives
     oth = out["other"]
     assert oth["source"] == "disk" and oth["reused"] == cold.n_tokens
-    fresh = Engine(smol_engine.weights, ctx=4096)
+    fresh = Engine(smol_engine.weights, n_ctx=4096)
     fresh.append(oth["tokens"][: oth["prompt"]])
-    assert np.array_equal(np.load(tmp_path / "other.npy"), fresh.ctx.logits())
+    assert np.array_equal(np.load(tmp_path / "other.npy"), fresh.native_ctx.logits())
 
 
 @pytest.mark.model
@@ -465,7 +465,7 @@ def test_exact_tool_replay_survives_a_restart(smol_engine, tmp_path):
     assert all(not e.tools for e in s.checkpoints.entries() if sampled not in e.text)
 
     # restart: a fresh engine, tool memory and store; only the directory is shared
-    restarted = new_session(Engine(smol_engine.weights, ctx=4096), tmp_path)
+    restarted = new_session(Engine(smol_engine.weights, n_ctx=4096), tmp_path)
     only_result = (Message("user", (ToolResultBlock(call_id, "cold"),)),)
     with pytest.raises(ChatError) as e:                    # known ID, live state gone: 409, not 400
         restarted.chat(ChatRequest(only_result))
@@ -484,7 +484,7 @@ def test_deepseek_thinking_tool_turn_resumes_from_disk(tiny_deepseek_dir, tmp_pa
     its tool map; a restarted session replaying it re-spelled restores and prefills the results."""
     def session():
         store = CheckpointStore(tmp_path / "ck", min_tokens=32, align_tokens=32, trim_tokens=8)
-        return ChatSession(Engine.load(str(tiny_deepseek_dir), ctx=4096), state_dir=tmp_path, checkpoints=store)
+        return ChatSession(Engine.load(str(tiny_deepseek_dir), n_ctx=4096), state_dir=tmp_path, checkpoints=store)
 
     s = session()
     ask = [Message.text("system", "You are a weather bot. " * 20), Message.text("user", "Weather in Cairo?")]
@@ -562,9 +562,9 @@ def test_session_survives_bad_checkpoints_and_a_full_disk(smol_engine, tiny_deep
     # (compare bytes, not inodes: the filesystem may hand the new file the old inode number)
     assert "checksum" in caplog.text and whole.path.read_bytes() != damaged
     # 2. another model's KV rows under a valid header for this model: the engine refuses them
-    other = Engine.load(str(tiny_deepseek_dir), ctx=4096)
+    other = Engine.load(str(tiny_deepseek_dir), n_ctx=4096)
     other.append(list(range(whole.n_tokens)))
-    forged = s.checkpoints.save(whole.text, list(s.engine.tokens[: whole.n_tokens]), other.ctx.logits(),
+    forged = s.checkpoints.save(whole.text, list(s.engine.tokens[: whole.n_tokens]), other.native_ctx.logits(),
                                 other.snapshot(), 4096, "cold")
     assert forged is not None
     forged_bytes = forged.path.read_bytes()

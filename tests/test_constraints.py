@@ -128,13 +128,13 @@ def validates(instance, schema):
 
 @pytest.fixture(scope="module")
 def smol(smollm2_path, tmp_path_factory):
-    return ChatSession(Engine.load(smollm2_path, ctx=4096), "chatml",
+    return ChatSession(Engine.load(smollm2_path, n_ctx=4096), "chatml",
                        state_dir=tmp_path_factory.mktemp("state"))
 
 
 @pytest.fixture(scope="module")
 def ds(tiny_deepseek_dir, tmp_path_factory):
-    return ChatSession(Engine.load(str(tiny_deepseek_dir), ctx=4096),
+    return ChatSession(Engine.load(str(tiny_deepseek_dir), n_ctx=4096),
                        state_dir=tmp_path_factory.mktemp("state"))
 
 

@@ -56,7 +56,7 @@ def test_stop_string_truncates_and_is_not_streamed(smollm2):
 def test_eos_finishes_with_stop(smollm2_path):
     from zen5.engine import Engine
 
-    smollm2 = Engine.load(smollm2_path, ctx=512, matmul="f32")  # where this reply ends early
+    smollm2 = Engine.load(smollm2_path, n_ctx=512, matmul="f32")  # where this reply ends early
     out = smollm2.generate("<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n", max_tokens=200, temperature=0)
     assert out.finish_reason == "stop" and out.completion_tokens < 200
     assert "<|im_end|>" not in out.text
@@ -131,7 +131,7 @@ def test_watch_sees_every_evaluation_chunks_long_prefill_and_can_stop_it(smollm2
     assert n > 2 * zen5.engine.Engine.WATCH_CHUNK
     smollm2.reset()
     smollm2.append(prompt)
-    whole = smollm2.ctx.logits().copy()
+    whole = smollm2.native_ctx.logits().copy()
 
     calls = []
     smollm2.reset()
@@ -139,7 +139,7 @@ def test_watch_sees_every_evaluation_chunks_long_prefill_and_can_stop_it(smollm2
         smollm2.append(prompt)
     chunk = zen5.engine.Engine.WATCH_CHUNK
     assert calls == [(i, n) for i in range(0, n, chunk)] + [(n, n)]
-    assert (smollm2.ctx.logits() == whole).all()
+    assert (smollm2.native_ctx.logits() == whole).all()
 
     class Stop(Exception):
         pass
@@ -151,9 +151,9 @@ def test_watch_sees_every_evaluation_chunks_long_prefill_and_can_stop_it(smollm2
     smollm2.reset()
     with pytest.raises(Stop), smollm2.watch(stop_at_second_chunk):
         smollm2.append(prompt)
-    assert smollm2.tokens == tuple(prompt[:chunk]) and smollm2.ctx.n_past == chunk
+    assert smollm2.tokens == tuple(prompt[:chunk]) and smollm2.native_ctx.n_past == chunk
     smollm2.append(prompt[chunk:])   # nothing lost: the rest continues from there
-    assert (smollm2.ctx.logits() == whole).all()
+    assert (smollm2.native_ctx.logits() == whole).all()
     smollm2.reset()
 
 

@@ -91,8 +91,8 @@ from zen5.engine import Engine
 out = {"isa": np.array(_native.isa)}
 for i, path in enumerate(sys.argv[2:]):
     for matmul, kv in (("int8", "f16"), ("int8", "q8_0"), ("f32", "f32")):
-        eng = Engine.load(path, ctx=64, threads=2, matmul=matmul, kv_type=kv)
-        out[f"{i}-{matmul}-{kv}"] = eng.ctx.eval(list(range(3, 40)), all_logits=True)
+        eng = Engine.load(path, n_ctx=64, threads=2, matmul=matmul, kv_type=kv)
+        out[f"{i}-{matmul}-{kv}"] = eng.native_ctx.eval(list(range(3, 40)), all_logits=True)
 np.savez(sys.argv[1], **out)
 """
 

@@ -19,7 +19,7 @@ from zen5.config import GGML_F32, SUPPORTED_TYPES, ModelConfig, UnsupportedModel
 from zen5.loader import (BadModelFile, expected_tensors, load_weights, row_bytes,  # noqa: E402
                          validate_tensors)
 from zen5.loader.gguf import read_header  # noqa: E402
-from zen5.models import ModelNotFound, resolve_model  # noqa: E402
+from zen5.registry import ModelNotFound, resolve_model  # noqa: E402
 
 CLEAN_ERRORS = (BadModelFile, UnsupportedModelError, ValueError)
 

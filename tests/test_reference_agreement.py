@@ -53,12 +53,12 @@ def smol_ref(smollm2_path):
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_smollm2_logits_match_reference(smollm2_path, smol_ref, isa):
-    eng = Engine.load(smollm2_path, ctx=512, isa=isa, matmul="f32")
+    eng = Engine.load(smollm2_path, n_ctx=512, isa=isa, matmul="f32")
     worst = 0.0
     for prompt in PROMPTS:
         toks = eng.tokenizer.encode(prompt)
         eng.reset()
-        ours = eng.ctx.eval(toks, all_logits=True)           # (n, vocab), every position
+        ours = eng.native_ctx.eval(toks, all_logits=True)           # (n, vocab), every position
         with torch.no_grad():
             ref = smol_ref.forward(toks).numpy()
         diff = np.abs(ours - ref).max(axis=1)
@@ -69,7 +69,7 @@ def test_smollm2_logits_match_reference(smollm2_path, smol_ref, isa):
 
 
 def test_smollm2_greedy_64_tokens_identical(smollm2_path, smol_ref):
-    eng = Engine.load(smollm2_path, ctx=512, matmul="f32")
+    eng = Engine.load(smollm2_path, n_ctx=512, matmul="f32")
     prompt = eng.tokenizer.encode(PROMPTS[0].replace("capital of France", "best way to learn Python"))
     ours = eng.generate(prompt, max_tokens=64, temperature=0, stop=None)
     with torch.no_grad():
@@ -82,12 +82,12 @@ def test_smollm2_greedy_64_tokens_identical(smollm2_path, smol_ref):
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_smollm2_int8_path_within_documented_tolerance(smollm2_path, smol_ref, isa):
-    eng = Engine.load(smollm2_path, ctx=512, isa=isa, matmul="int8")
+    eng = Engine.load(smollm2_path, n_ctx=512, isa=isa, matmul="int8")
     worst, checked = 0.0, 0
     for prompt in PROMPTS:
         toks = eng.tokenizer.encode(prompt)
         eng.reset()
-        ours = eng.ctx.eval(toks, all_logits=True)
+        ours = eng.native_ctx.eval(toks, all_logits=True)
         with torch.no_grad():
             ref = smol_ref.forward(toks).numpy()
         worst = max(worst, float(np.abs(ours - ref).max()))
@@ -103,10 +103,10 @@ def test_smollm2_int8_path_within_documented_tolerance(smollm2_path, smol_ref, i
 def test_tiny_deepseek_matches_reference(tiny_deepseek_dir, isa):
     cfg, tensors = load_for_reference(tiny_deepseek_dir)
     ref = TorchRef(cfg, tensors)
-    eng = Engine.load(str(tiny_deepseek_dir), ctx=256, isa=isa, matmul="f32")
+    eng = Engine.load(str(tiny_deepseek_dir), n_ctx=256, isa=isa, matmul="f32")
     assert eng.config.vocab_size == 129280
     toks = eng.tokenizer.encode("<｜begin▁of▁sentence｜><｜User｜>Call the weather tool for Paris.<｜Assistant｜><think>")
-    ours = eng.ctx.eval(toks, all_logits=True)
+    ours = eng.native_ctx.eval(toks, all_logits=True)
     with torch.no_grad():
         theirs = ref.forward(toks).numpy()
     assert np.abs(ours - theirs).max() < TOL
@@ -119,7 +119,7 @@ def test_tiny_deepseek_matches_reference(tiny_deepseek_dir, isa):
 
 def test_dsml_tiny_matches_reference():
     """The trained DeepSeek-format model from ../shared/models, when present."""
-    from zen5.models import ModelNotFound, resolve_model
+    from zen5.registry import ModelNotFound, resolve_model
 
     try:
         path = resolve_model("dsml-tiny")
@@ -127,9 +127,9 @@ def test_dsml_tiny_matches_reference():
         pytest.skip(str(e))
     cfg, tensors = load_for_reference(path)
     ref = TorchRef(cfg, tensors)
-    eng = Engine.load(path, ctx=256)
+    eng = Engine.load(path, n_ctx=256)
     toks = eng.tokenizer.encode("<｜begin▁of▁sentence｜>You are helpful.<｜User｜>Weather in Lisbon?<｜Assistant｜><think>")
-    ours = eng.ctx.eval(toks, all_logits=True)
+    ours = eng.native_ctx.eval(toks, all_logits=True)
     with torch.no_grad():
         assert np.abs(ours - ref.forward(toks).numpy()).max() < TOL
 
@@ -142,7 +142,7 @@ def test_chat_logprobs_match_reference(smollm2_path, smol_ref):
     from zen5.chat_types import ChatRequest, Message, SampledToken, TextDelta
     from zen5.session import ChatSession
 
-    eng = Engine.load(smollm2_path, ctx=512, matmul="f32")
+    eng = Engine.load(smollm2_path, n_ctx=512, matmul="f32")
     session = ChatSession(eng)
     events = list(session.chat(ChatRequest((Message.text("user", "Name a colour."),), max_tokens=10, logprobs=4)))
     sampled = [e for e in events if isinstance(e, SampledToken)]
@@ -192,12 +192,12 @@ def test_q8_attention_kernels_match_the_reference_algorithm(isa):
 def test_smollm2_q8_cache_matches_the_quantized_reference(smollm2_path, isa):
     cfg, tensors = load_for_reference(smollm2_path)
     ref8, ref = TorchRef(cfg, tensors, kv_type="q8_0"), TorchRef(cfg, tensors)
-    eng = Engine.load(smollm2_path, ctx=512, isa=isa, matmul="f32", kv_type="q8_0")
+    eng = Engine.load(smollm2_path, n_ctx=512, isa=isa, matmul="f32", kv_type="q8_0")
     ours_to_q8, q8_to_f32 = [], []
     for prompt in PROMPTS:
         toks = eng.tokenizer.encode(prompt)
         eng.reset()
-        ours = eng.ctx.eval(toks, all_logits=True)
+        ours = eng.native_ctx.eval(toks, all_logits=True)
         with torch.no_grad():
             r8, r = ref8.forward(toks).numpy(), ref.forward(toks).numpy()
         diff = np.abs(ours - r8)

@@ -93,13 +93,13 @@ def dsml_calls(*cities):
 
 @pytest.fixture(scope="module")
 def smol_session(smollm2_path, tmp_path_factory):
-    return ChatSession(Engine.load(smollm2_path, ctx=4096), "chatml",
+    return ChatSession(Engine.load(smollm2_path, n_ctx=4096), "chatml",
                        state_dir=tmp_path_factory.mktemp("state"))
 
 
 @pytest.fixture(scope="module")
 def ds_session(tiny_deepseek_dir, tmp_path_factory):
-    return ChatSession(Engine.load(str(tiny_deepseek_dir), ctx=4096),
+    return ChatSession(Engine.load(str(tiny_deepseek_dir), n_ctx=4096),
                        state_dir=tmp_path_factory.mktemp("state"))
 
 
@@ -122,10 +122,10 @@ def test_live_continuation_equals_cold_prefill(dialect, request):
         ev2, fin2 = run(s, msgs)
     assert fin2.usage.cache_source == "live"
     # cold: a fresh context prefills the same history rendered from scratch
-    cold = Engine(s.engine.weights, ctx=4096)
+    cold = Engine(s.engine.weights, n_ctx=4096)
     cold.append(cold_tokens(s, msgs))
     assert cold.tokens == s.engine.tokens[: cold.n_tokens]
-    diff = float(np.abs(cold.ctx.logits() - live_logits[0]).max())
+    diff = float(np.abs(cold.native_ctx.logits() - live_logits[0]).max())
     print(f"{dialect}: live vs cold max logit difference {diff:.3g}")
     assert diff < 1e-3
 
@@ -307,7 +307,7 @@ def test_count_prompt_tokens_is_the_rendered_prompt(dialect, request):
 
 
 def test_prompt_over_context_is_400(smollm2_path, tmp_path):
-    s = ChatSession(Engine.load(smollm2_path, ctx=64), "chatml", state_dir=tmp_path)
+    s = ChatSession(Engine.load(smollm2_path, n_ctx=64), "chatml", state_dir=tmp_path)
     with pytest.raises(ChatError) as e:
         s.chat(ChatRequest((Message.text("user", "word " * 200),)))
     assert e.value.status == 400 and "context" in e.value.message

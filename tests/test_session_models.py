@@ -7,7 +7,7 @@ import pytest
 
 from zen5.chat_types import ChatRequest, Message, ToolResultBlock, ToolSpec
 from zen5.engine import Engine
-from zen5.models import ModelNotFound, resolve_model
+from zen5.registry import ModelNotFound, resolve_model
 from zen5.session import ChatSession
 from test_session import assistant_turn, calls_of, text_of
 
@@ -27,7 +27,7 @@ def session_for(name, tmp_path):
         path = resolve_model(name)
     except ModelNotFound as e:
         pytest.skip(str(e))
-    return ChatSession(Engine.load(path, ctx=4096), state_dir=tmp_path)
+    return ChatSession(Engine.load(path, n_ctx=4096), state_dir=tmp_path)
 
 
 @pytest.mark.parametrize("name,questions", [

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import tiny_gguf  # noqa: E402
 
 from zen5.config import UnsupportedModelError  # noqa: E402
-from zen5.models import ModelNotFound, resolve_model  # noqa: E402
+from zen5.registry import ModelNotFound, resolve_model  # noqa: E402
 from zen5.tokenizer import StreamDecoder, Tokenizer  # noqa: E402
 
 SAMPLES = [

@@ -18,7 +18,9 @@ def _add_model_args(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--model", default="smollm2" if required else None,
                    help="model name (smollm2) or path to a GGUF file / HF safetensors directory")
     p.add_argument("--threads", type=int, default=None, help="compute threads (default: all cores)")
-    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: the model's, capped)")
+    # the flag stays --ctx (llama.cpp users know -c/--ctx-size); in Python the length is n_ctx
+    p.add_argument("--ctx", dest="n_ctx", type=int, default=None, metavar="N",
+                   help="context size in tokens (default: the model's, capped)")
     p.add_argument("--matmul", choices=("int8", "f32"), default=None,
                    help="quantized matmuls: int8 activations (fast, default) or exact fp32 (env ZEN5_MATMUL)")
     p.add_argument("--kv-type", choices=("f16", "f32", "q8_0"), default=None,
@@ -33,7 +35,7 @@ def _add_model_args(p: argparse.ArgumentParser, required: bool) -> None:
 def _cmd_generate(a: argparse.Namespace) -> int:
     from zen5.engine import Engine
 
-    eng = Engine.load(a.model, threads=a.threads, ctx=a.ctx, matmul=a.matmul, kv_type=a.kv_type,
+    eng = Engine.load(a.model, threads=a.threads, n_ctx=a.n_ctx, matmul=a.matmul, kv_type=a.kv_type,
                       lookup=a.lookup)
     prompt = a.prompt
     if not a.raw and eng.chat_template:
@@ -64,7 +66,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
            "avx512_supported": _native.avx512_supported(),
            "threads": a.threads or default_threads()}
     if a.model:
-        eng = Engine.load(a.model, threads=a.threads, ctx=a.ctx, matmul=a.matmul, kv_type=a.kv_type,
+        eng = Engine.load(a.model, threads=a.threads, n_ctx=a.n_ctx, matmul=a.matmul, kv_type=a.kv_type,
                           lookup=a.lookup)
         out["model"] = eng.info()
     print(json.dumps(out, indent=2))
@@ -131,7 +133,7 @@ def _cmd_cache(a: argparse.Namespace) -> int:
 def _cmd_serve(a: argparse.Namespace) -> int:
     from zen5.server import ServerConfig, serve
 
-    return serve(ServerConfig(model=a.model, host=a.host, port=a.port, threads=a.threads, ctx=a.ctx,
+    return serve(ServerConfig(model=a.model, host=a.host, port=a.port, threads=a.threads, n_ctx=a.n_ctx,
                               api_key=a.api_key, cors=a.cors, trace=a.trace, queue=a.queue,
                               state_dir=a.state_dir, max_output=a.max_output, keepalive=a.keepalive,
                               matmul=a.matmul, kv_type=a.kv_type, lookup=a.lookup,

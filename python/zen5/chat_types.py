@@ -229,7 +229,7 @@ class Usage:
     cache_source: str                         # live | token_prefix | text_prefix | disk | cold
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
-    guessed_tokens: int = 0                   # prompt-lookup guesses evaluated (speculative.py)
+    guessed_tokens: int = 0                   # prompt-lookup guesses evaluated (lookup.py)
     kept_tokens: int = 0                      # of them, tokens the sampler picked
 
 

@@ -3,7 +3,7 @@
 `Engine.generate` tokenizes a prompt, keeps whatever prefix of it the context already holds
 (rewinding to the common token prefix; the session layer adds the richer cache ladder), prefills
 the rest, then samples token by token with stop strings, EOS, the token limit and the context
-limit as finish conditions; prompt-lookup guesses (speculative.py) are evaluated alongside,
+limit as finish conditions; prompt-lookup guesses (lookup.py) are evaluated alongside,
 which changes the speed, never the tokens. Text streams out through an incremental detokenizer
 so a multi-byte character split across tokens never leaks half-formed.
 """
@@ -18,9 +18,9 @@ from typing import Callable, Iterator
 from zen5 import _native, overrides
 from zen5.config import SUPPORTED_TYPES, ModelConfig
 from zen5.loader import LoadedWeights, load_weights
-from zen5.models import resolve_model
+from zen5.registry import resolve_model
 from zen5.sampling import Sampler, SamplingParams, TokenLogprob
-from zen5.speculative import MAX_DRAFT, DraftFeed
+from zen5.lookup import MAX_DRAFT, DraftFeed
 from zen5.stop_strings import find_stop, partial_stop_len
 from zen5.tokenizer import StreamDecoder, Tokenizer
 
@@ -35,13 +35,15 @@ def default_threads() -> int:
 
 
 @dataclass
-class Usage:
+class GenerationUsage:
+    """The counts and timings of one `generate` call (the chat layer reports its own,
+    chat_types.Usage)."""
     prompt_tokens: int
     completion_tokens: int
     reused_tokens: int        # prompt tokens already in the KV cache
     prefill_seconds: float
     decode_seconds: float
-    guessed_tokens: int = 0   # prompt-lookup guesses evaluated (speculative.py)
+    guessed_tokens: int = 0   # prompt-lookup guesses evaluated (lookup.py)
     kept_tokens: int = 0      # of them, tokens the sampler picked
 
     @property
@@ -62,14 +64,14 @@ class Chunk:
     token_id: int | None = None
     logprob: TokenLogprob | None = None
     finish_reason: str | None = None
-    usage: Usage | None = None
+    usage: GenerationUsage | None = None
 
 
 @dataclass
 class Generation:
     text: str
     finish_reason: str
-    usage: Usage
+    usage: GenerationUsage
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
 
@@ -83,7 +85,7 @@ class Generation:
 
 
 class Engine:
-    def __init__(self, weights: LoadedWeights, threads: int | None = None, ctx: int | None = None,
+    def __init__(self, weights: LoadedWeights, threads: int | None = None, n_ctx: int | None = None,
                  isa: str | None = None, matmul: str | None = None, kv_type: str | None = None,
                  lookup: int | None = None):
         cfg = weights.config
@@ -93,9 +95,9 @@ class Engine:
         self.threads = int(threads or default_threads())
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
-        self.n_ctx = int(ctx or min(cfg.n_ctx_train, DEFAULT_MAX_CTX))
+        self.n_ctx = int(n_ctx or min(cfg.n_ctx_train, DEFAULT_MAX_CTX))
         if self.n_ctx < 1:
-            raise ValueError(f"ctx must be >= 1, got {ctx}")
+            raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
         tensors = [(t.name, t.ggml_type, list(t.shape), t.data) for t in weights.tensors.values()]
         self.native = _native.Model(cfg.to_native(), tensors, cfg.rope_inv_freq(), self.threads)
         # isa: a tier name ("ref", "avx2", "avx2vnni", "avx512") forces a kernel table for this context (tests run each);
@@ -106,11 +108,11 @@ class Engine:
         # kv_type: how the cache stores K/V: "f16" (the int8 path's default), "f32" (the f32
         # path's) or "q8_0" (int8 with a scale per position and head: half of f16's bytes, so
         # long contexts take half the memory and decode deep in them reads half the cache).
-        self.ctx = _native.Context(self.native, self.n_ctx, isa or "", self.matmul,
-                                   kv_type or overrides.get("ZEN5_KV_TYPE") or "")
-        self.kv_type: str = self.ctx.kv_type
+        self.native_ctx = _native.Context(self.native, self.n_ctx, isa or "", self.matmul,
+                                          kv_type or overrides.get("ZEN5_KV_TYPE") or "")
+        self.kv_type: str = self.native_ctx.kv_type
         # lookup: guesses per decode batch for prompt-lookup speculative decoding
-        # (speculative.py; 0 turns it off). It never changes a reply, only its speed.
+        # (lookup.py; 0 turns it off). It never changes a reply, only its speed.
         raw = (overrides.get("ZEN5_LOOKUP") or MAX_DRAFT) if lookup is None else lookup
         try:
             self.lookup = int(raw)
@@ -118,16 +120,16 @@ class Engine:
             self.lookup = -1
         if self.lookup < 0:
             raise ValueError(f"lookup (ZEN5_LOOKUP) must be an integer >= 0, got {raw!r}")
-        self.isa: str = self.ctx.isa
+        self.isa: str = self.native_ctx.isa
         self._tokens: list[int] = []  # exactly the tokens whose K/V rows the context holds
         self.state_id = 0              # bumped on every change of the cache (staleness checks)
         self._watch: Callable[[int, int], None] | None = None
 
     @classmethod
-    def load(cls, name_or_path: str = "smollm2", threads: int | None = None, ctx: int | None = None,
+    def load(cls, name_or_path: str = "smollm2", threads: int | None = None, n_ctx: int | None = None,
              isa: str | None = None, matmul: str | None = None, kv_type: str | None = None,
              lookup: int | None = None):
-        return cls(load_weights(resolve_model(name_or_path)), threads=threads, ctx=ctx, isa=isa,
+        return cls(load_weights(resolve_model(name_or_path)), threads=threads, n_ctx=n_ctx, isa=isa,
                    matmul=matmul, kv_type=kv_type, lookup=lookup)
 
     @property
@@ -188,7 +190,7 @@ class Engine:
     def rewind(self, n: int, last_logits=None) -> None:
         """Keep only the first n cached tokens. `last_logits`, a row of an `append(...,
         all_logits=True)` batch, makes the logits of token n - 1 current again."""
-        self.ctx.rewind(n, last_logits)
+        self.native_ctx.rewind(n, last_logits)
         if n != len(self._tokens):
             del self._tokens[n:]
             self.state_id += 1
@@ -218,10 +220,10 @@ class Engine:
     def _eval(self, tokens: list[int], all_logits: bool):
         self.state_id += 1
         try:
-            rows = self.ctx.eval(tokens, all_logits)
+            rows = self.native_ctx.eval(tokens, all_logits)
         except BaseException:
             # A failed eval may have written part of a chunk: trust only what was there before.
-            self.ctx.rewind(min(self.ctx.n_past, len(self._tokens)))
+            self.native_ctx.rewind(min(self.native_ctx.n_past, len(self._tokens)))
             raise
         self._tokens.extend(tokens)
         return rows
@@ -245,7 +247,7 @@ class Engine:
 
     def snapshot(self) -> bytes:
         """The native snapshot of the cache (KV rows of every cached token + the last logits)."""
-        return self.ctx.snapshot()
+        return self.native_ctx.snapshot()
 
     def restore(self, tokens, blob: bytes) -> None:
         """Replace the cache with a snapshot of exactly `tokens` (a disk checkpoint). The native
@@ -257,16 +259,16 @@ class Engine:
                 f"a snapshot of {len(tokens)} tokens exceeds the context of {self.n_ctx} tokens")
         if any(t < 0 or t >= self.config.vocab_size for t in tokens):
             raise _native.BadSnapshot("snapshot token ids outside the vocabulary")
-        self.ctx.restore(blob)
+        self.native_ctx.restore(blob)
         self.state_id += 1
         self._tokens = tokens
-        if self.ctx.n_past != len(tokens):
+        if self.native_ctx.n_past != len(tokens):
             self.reset()
-            raise _native.BadSnapshot(f"snapshot holds {self.ctx.n_past} positions, not the "
+            raise _native.BadSnapshot(f"snapshot holds {self.native_ctx.n_past} positions, not the "
                                       f"{len(tokens)} tokens stored with it")
 
     def reset(self) -> None:
-        self.ctx.rewind(0)
+        self.native_ctx.rewind(0)
         self._tokens.clear()
         self.state_id += 1
 
@@ -335,7 +337,7 @@ class Engine:
         if not stopped_on_text:
             held += decoder.flush()
         t2 = time.perf_counter()
-        usage = Usage(len(ids), n_out, reused, t1 - t0, t2 - t1, feed.stats.drafted, feed.stats.accepted)
+        usage = GenerationUsage(len(ids), n_out, reused, t1 - t0, t2 - t1, feed.stats.drafted, feed.stats.accepted)
         yield Chunk(held, None, None, finish, usage)
 
     # ---- description ---------------------------------------------------------------------
@@ -362,6 +364,6 @@ class Engine:
             "matmul": self.matmul,
             "kv_type": self.kv_type,
             "lookup": self.lookup,
-            "kv_bytes_per_token": int(self.ctx.kv_bytes_per_token),
+            "kv_bytes_per_token": int(self.native_ctx.kv_bytes_per_token),
             "threads": self.threads,
         }

@@ -54,7 +54,7 @@ from zen5.dialects import base as d
 from zen5.engine import Engine
 from zen5.sampling import Sampler, token_logprob
 from zen5.signatures import ThinkingSigner, load_or_create_secret
-from zen5.speculative import DraftFeed
+from zen5.lookup import DraftFeed
 from zen5.stop_strings import first_stop, partial_stop_len
 from zen5.tokenizer import StreamDecoder
 from zen5.tool_memory import ToolMemory, ToolRecord, new_tool_id
@@ -479,7 +479,7 @@ class ChatSession:
         inside: dict[str, bool] = {}
         tools = [r for r in self.memory.records()
                  if inside.setdefault(r.block_id, bool(r.block_raw) and r.block_raw in text)]
-        entry = store.save(text, eng.tokens, eng.ctx.logits(), eng.snapshot(), eng.n_ctx, reason, tools)
+        entry = store.save(text, eng.tokens, eng.native_ctx.logits(), eng.snapshot(), eng.n_ctx, reason, tools)
         if entry is None:
             return f"the state ({eng.n_tokens} tokens) could not be written (see the log)"
         return f"saved {eng.n_tokens} tokens as checkpoint {entry.key[:12]} ({reason})"
@@ -515,7 +515,7 @@ class _Generation:
         self.sampler = Sampler(request.sampling)
         self.decoder = StreamDecoder(session.engine.tokenizer)
         store = session.checkpoints
-        # guesses from prompt lookup (speculative.py); batches stop at checkpoint frontiers
+        # guesses from prompt lookup (lookup.py); batches stop at checkpoint frontiers
         self.feed = DraftFeed(session.engine, max_draft=session.engine.lookup,
                               align=store.config.frontier_step if store is not None else 0)
         self.evaluated: list[int] = []   # sampled tokens now in the cache
@@ -601,21 +601,21 @@ class _Generation:
 
     def _translate(self, events: list[d.Event]) -> Iterator[ChatEvent]:
         for e in events:
-            if isinstance(e, d.ReasoningDelta):
+            if isinstance(e, d.ParsedReasoning):
                 self._thinking.append(e.text)
                 if not self.req.redact_thinking:
                     yield ThinkingDelta(e.text)
                 continue
             yield from self._close_thinking()
-            if isinstance(e, d.TextDelta):
+            if isinstance(e, d.ParsedText):
                 yield TextDelta(e.text)
-            elif isinstance(e, d.ToolCallStart):
+            elif isinstance(e, d.ParsedCallStart):
                 cid = new_tool_id(self.req.id_prefix)
                 self._calls[e.index] = [cid, e.name, None]
                 yield ToolCallStart(cid, e.name, e.index, self._kind(e.name))
-            elif isinstance(e, d.ToolCallArgsDelta) and e.index in self._calls:
+            elif isinstance(e, d.ParsedCallArgs) and e.index in self._calls:
                 yield ToolCallDelta(self._calls[e.index][0], e.json_fragment, e.index)
-            elif isinstance(e, d.ToolCallEnd) and e.index in self._calls:
+            elif isinstance(e, d.ParsedCallEnd) and e.index in self._calls:
                 c = self._calls[e.index]
                 c[2] = e.arguments
                 yield ToolCallDone(c[0], e.name, e.arguments, e.index, self._kind(e.name))

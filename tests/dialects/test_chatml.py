@@ -13,11 +13,11 @@ import gguf
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from zen5.dialects.base import (ErrorEvent, ParseError, Segment, TextDelta, ToolCallArgsDelta,
-                                ToolCallEnd, ToolCallStart)
+from zen5.dialects.base import (ErrorEvent, ParsedCallArgs, ParsedCallEnd, ParsedCallStart, ParsedText,
+                                ParseError, Segment)
 from zen5.dialects.chatml import (DEFAULT_SYSTEM, PAYLOAD, STRUCTURE, ChatMLDialect,
                                   assistant_text, parse_call_json)
-from zen5.models import ModelNotFound, resolve_model
+from zen5.registry import ModelNotFound, resolve_model
 from zen5.tokenizer import Tokenizer
 
 D = ChatMLDialect()
@@ -410,12 +410,12 @@ def items(events):
     """Events as comparable items: merged text runs, finished calls and errors in order."""
     out = []
     for e in events:
-        if isinstance(e, TextDelta):
+        if isinstance(e, ParsedText):
             if out and out[-1][0] == "text":
                 out[-1] = ("text", out[-1][1] + e.text)
             else:
                 out.append(("text", e.text))
-        elif isinstance(e, ToolCallEnd):
+        elif isinstance(e, ParsedCallEnd):
             out.append(("call", e.name, e.arguments, e.raw))
         elif isinstance(e, ErrorEvent):
             out.append(("error", e.message, e.raw))
@@ -425,15 +425,15 @@ def items(events):
 def check_stream_invariants(events):
     started, args, ended = {}, {}, set()
     for e in events:
-        if isinstance(e, TextDelta):
+        if isinstance(e, ParsedText):
             assert e.text
-        elif isinstance(e, ToolCallStart):
+        elif isinstance(e, ParsedCallStart):
             assert e.index == len(started) and e.name
             started[e.index], args[e.index] = e.name, ""
-        elif isinstance(e, ToolCallArgsDelta):
+        elif isinstance(e, ParsedCallArgs):
             assert e.index in started and e.index not in ended and e.json_fragment
             args[e.index] += e.json_fragment
-        elif isinstance(e, ToolCallEnd):
+        elif isinstance(e, ParsedCallEnd):
             assert started.get(e.index) == e.name and args[e.index] == e.arguments
             assert e.index not in ended
             ended.add(e.index)
@@ -456,8 +456,8 @@ def assert_stream_matches(text, cuts):
     check_stream_invariants(events)
     assert items(events) == items(D.parse_events(text))
     p = D.parse(text, lenient=True)
-    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == p.content
-    assert [(e.name, e.arguments, e.raw) for e in events if isinstance(e, ToolCallEnd)] == [
+    assert "".join(e.text for e in events if isinstance(e, ParsedText)) == p.content
+    assert [(e.name, e.arguments, e.raw) for e in events if isinstance(e, ParsedCallEnd)] == [
         (c.name, c.arguments, c.raw) for c in p.tool_calls]
 
 
@@ -466,25 +466,25 @@ def test_stream_streams_arguments_early():
     parser = D.stream_parser()
     cut = text.index("a\\u00e9") + 1
     first = parser.feed(text[:cut])
-    assert first == [TextDelta("Hi"), ToolCallStart(0, "Read"),
-                     ToolCallArgsDelta(0, '{"file_path": "a')]
+    assert first == [ParsedText("Hi"), ParsedCallStart(0, "Read"),
+                     ParsedCallArgs(0, '{"file_path": "a')]
     rest = parser.feed(text[cut:]) + parser.finish()
-    assert rest[-1] == ToolCallEnd(0, "Read", '{"file_path": "aé", "n": [1, 2.5]}', text[3:])
+    assert rest[-1] == ParsedCallEnd(0, "Read", '{"file_path": "aé", "n": [1, 2.5]}', text[3:])
 
 
 @pytest.mark.parametrize("partial", ["<", "<tool", "<tool_call", "<|im_e", "\n", "\n<tool_c"])
 def test_stream_holds_back_partial_markers(partial):
     parser = D.stream_parser()
-    assert parser.feed("Hello" + partial) == [TextDelta("Hello")]
-    assert parser.finish() == [TextDelta(partial)]
+    assert parser.feed("Hello" + partial) == [ParsedText("Hello")]
+    assert parser.finish() == [ParsedText(partial)]
 
 
 def test_stream_holds_back_partial_close_tag():
     parser = D.stream_parser()
     ev = parser.feed('<tool_call>\n{"name": "f", "arguments": {"s": 1}}\n</tool_ca')
-    assert ev == [ToolCallStart(0, "f"), ToolCallArgsDelta(0, '{"s": 1}')]
+    assert ev == [ParsedCallStart(0, "f"), ParsedCallArgs(0, '{"s": 1}')]
     (end,) = parser.feed("ll>")
-    assert end == ToolCallEnd(0, "f", '{"s": 1}', '<tool_call>\n{"name": "f", "arguments": {"s": 1}}\n</tool_call>')
+    assert end == ParsedCallEnd(0, "f", '{"s": 1}', '<tool_call>\n{"name": "f", "arguments": {"s": 1}}\n</tool_call>')
 
 
 def test_close_tag_inside_a_json_string_does_not_close():
@@ -493,7 +493,7 @@ def test_close_tag_inside_a_json_string_does_not_close():
     assert json.loads(c.arguments) == {"s": 'a</tool_call>"</tool_call>'} and c.raw == text
     parser = D.stream_parser()
     ev = parser.feed(text[:text.index("</tool_call>") + 5])
-    assert ev[-1] == ToolCallArgsDelta(0, '{"s": "a</too')  # in a string: nothing held back
+    assert ev[-1] == ParsedCallArgs(0, '{"s": "a</too')  # in a string: nothing held back
     assert_stream_matches(text, range(len(text)))
     unbalanced = '<tool_call>\n{"name": "w", "arguments": {"s": "a}}\n</tool_call>\nmore'
     p = D.parse(unbalanced, lenient=True)
@@ -503,7 +503,7 @@ def test_close_tag_inside_a_json_string_does_not_close():
 def test_stream_finish_reports_half_finished_call():
     parser = D.stream_parser()
     ev = parser.feed('<tool_call>\n{"name": "f", "arguments": {"a": 1')
-    assert ev == [ToolCallStart(0, "f"), ToolCallArgsDelta(0, '{"a": ')]
+    assert ev == [ParsedCallStart(0, "f"), ParsedCallArgs(0, '{"a": ')]
     (err,) = parser.finish()
     assert isinstance(err, ErrorEvent) and "unclosed" in err.message
     assert err.raw == '<tool_call>\n{"name": "f", "arguments": {"a": 1'
@@ -511,29 +511,29 @@ def test_stream_finish_reports_half_finished_call():
 
 def test_stream_stops_at_im_end():
     parser = D.stream_parser()
-    assert parser.feed("Hi<|im_end|>ignored") == [TextDelta("Hi")]
+    assert parser.feed("Hi<|im_end|>ignored") == [ParsedText("Hi")]
     assert parser.feed("x") == [] and parser.finish() == []
 
 
 def test_stream_strict_rejects_lenient_only_blocks():
     text = '<tool_call>\n{"name": "f"}\n</tool_call>'
     assert isinstance(stream(text, [], lenient=False)[-1], ErrorEvent)
-    assert stream(text, [])[-1] == ToolCallEnd(0, "f", "{}", text)
+    assert stream(text, [])[-1] == ParsedCallEnd(0, "f", "{}", text)
 
 
 def test_stream_arguments_before_name_are_sent_at_close():
     text = '<tool_call>\n{"arguments": {"a": [1]}, "name": "f"}\n</tool_call>'
     ev = stream(text, range(len(text)))
-    assert ev == [ToolCallStart(0, "f"), ToolCallArgsDelta(0, '{"a": [1]}'),
-                  ToolCallEnd(0, "f", '{"a": [1]}', text)]
+    assert ev == [ParsedCallStart(0, "f"), ParsedCallArgs(0, '{"a": [1]}'),
+                  ParsedCallEnd(0, "f", '{"a": [1]}', text)]
 
 
 def test_stream_index_skips_aborted_call():
     bad = '<tool_call>\n{"name": "f", "arguments": {"a": 1, "a": 2}}\n</tool_call>'
     ev = stream(f"{bad}\n{BLOCK}", [5, 40])
-    assert [e.index for e in ev if isinstance(e, ToolCallStart)] == [0, 1]
-    assert [type(e) for e in ev if isinstance(e, (ErrorEvent, ToolCallEnd))] == [ErrorEvent,
-                                                                               ToolCallEnd]
+    assert [e.index for e in ev if isinstance(e, ParsedCallStart)] == [0, 1]
+    assert [type(e) for e in ev if isinstance(e, (ErrorEvent, ParsedCallEnd))] == [ErrorEvent,
+                                                                               ParsedCallEnd]
     assert ev[-1].index == 1 and ev[-1].name == "Bash"
 
 
@@ -646,7 +646,7 @@ def test_property_arguments_stream_before_the_close_tag(name, args, style, cuts)
     assume("<|im_end|>" not in text)
     events = stream(text, cuts)[:-1]  # drop finish()'s unclosed-call error
     want = json.dumps(args, ensure_ascii=False)
-    assert events[0] == ToolCallStart(0, name)
+    assert events[0] == ParsedCallStart(0, name)
     assert "".join(e.json_fragment for e in events[1:]) == want
 
 
@@ -715,7 +715,7 @@ def test_tool_tuned_model_calls_get_weather():
         pytest.skip(str(e))
     from zen5.engine import Engine
 
-    engine = Engine.load(path, ctx=1024)
+    engine = Engine.load(path, n_ctx=1024)
     msgs = [{"role": "user", "content": "What's the weather like in Paris right now?"}]
     ids = engine.tokenizer.encode_segments(D.render_segments(msgs, [WEATHER_TOOL]))
     out = engine.generate(ids, max_tokens=64, temperature=0)

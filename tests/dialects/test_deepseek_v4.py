@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zen5.dialects.base import (ErrorEvent, ParsedMessage, ParseError, ReasoningDelta, Segment,
-                                TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart)
+from zen5.dialects.base import (ErrorEvent, ParsedCallArgs, ParsedCallEnd, ParsedCallStart, ParsedMessage,
+                                ParsedReasoning, ParsedText, ParseError, Segment)
 from zen5.dialects.deepseek_v4 import (DeepSeekV4Dialect, encode_messages,
                                        parse_message_from_completion_text, render_segments,
                                        render_tool_calls)
-from zen5.dialects.deepseek_v4_stream import (DeepSeekV4StreamParser, SyntaxTracker,
+from zen5.dialects.deepseek_v4_stream import (DeepSeekV4StreamParser, DeepSeekV4SyntaxTracker,
                                               message_from_events)
 
 B, E = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
@@ -337,8 +337,8 @@ def test_tasks_and_wo_eos(tok):
 
 
 def test_context_prefix_is_not_rendered(tok):
-    ctx = MULTI_TURN[:2]
-    got = encode_messages([{"role": "user", "content": "q2"}], "thinking", context=ctx)
+    prior = MULTI_TURN[:2]
+    got = encode_messages([{"role": "user", "content": "q2"}], "thinking", context=prior)
     check_prompt(tok, got, f"{U}q2{A}<think>")
 
 
@@ -548,7 +548,7 @@ def test_malformed_output_has_a_defined_result(case):
         assert got.tool_calls[0].arguments == '{"a": "x", "b": 2}'
     events = _stream(text, mode, [text])
     assert "".join(e.raw for e in events if isinstance(e, ErrorEvent)) == error_raw
-    assert not [e for e in events if isinstance(e, ToolCallEnd)][n_calls:]
+    assert not [e for e in events if isinstance(e, ParsedCallEnd)][n_calls:]
 
 
 # ---- round trips -------------------------------------------------------------------------------
@@ -618,12 +618,12 @@ def _summary(events):
     msg = message_from_events(events, notes, block_raw)
     args: dict[int, str] = {}
     for e in events:
-        if isinstance(e, ToolCallArgsDelta):
+        if isinstance(e, ParsedCallArgs):
             args[e.index] = args.get(e.index, "") + e.json_fragment
     for e in events:
-        if isinstance(e, ToolCallEnd):
+        if isinstance(e, ParsedCallEnd):
             assert args[e.index] == e.arguments         # fragments concatenate to the arguments
-    starts = [e.name for e in events if isinstance(e, ToolCallStart)]
+    starts = [e.name for e in events if isinstance(e, ParsedCallStart)]
     assert [c.name for c in msg.tool_calls] == starts[:len(msg.tool_calls)]
     messages = [e.message for e in events if isinstance(e, ErrorEvent)]
     messages = [m for i, m in enumerate(messages) if not i or messages[i - 1] != m]
@@ -632,31 +632,31 @@ def _summary(events):
 
 def test_partial_markers_are_held_back():
     p = DeepSeekV4StreamParser("thinking")
-    assert p.feed("abc</thi") == [ReasoningDelta("abc")]
-    assert p.feed("nk>Hello\n") == [TextDelta("Hello")]
+    assert p.feed("abc</thi") == [ParsedReasoning("abc")]
+    assert p.feed("nk>Hello\n") == [ParsedText("Hello")]
     assert p.feed("\n<｜DSML｜tool_ca") == []
     assert p.feed("lls>\n<｜DSML｜inv") == []
     # the name is final only once the next tag arrives (official header regex)
     assert p.feed('oke name="get_weather">\n<｜DSML｜param') == []
     assert p.feed('eter name="q" string="true">a "b"</｜DSML') == [
-        ToolCallStart(0, "get_weather"), ToolCallArgsDelta(0, "{"),
-        ToolCallArgsDelta(0, '"q": "'), ToolCallArgsDelta(0, 'a \\"b\\"')]
+        ParsedCallStart(0, "get_weather"), ParsedCallArgs(0, "{"),
+        ParsedCallArgs(0, '"q": "'), ParsedCallArgs(0, 'a \\"b\\"')]
     assert p.feed("｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls") == [
-        ToolCallArgsDelta(0, '"'), ToolCallArgsDelta(0, "}")]
+        ParsedCallArgs(0, '"'), ParsedCallArgs(0, "}")]
     raw = f'<{D}invoke name="get_weather">\n<{D}parameter name="q" string="true">a "b"' \
           f"</{D}parameter>\n</{D}invoke>"
-    assert p.feed(">" + E) == [ToolCallEnd(0, "get_weather", '{"q": "a \\"b\\""}', raw)]
+    assert p.feed(">" + E) == [ParsedCallEnd(0, "get_weather", '{"q": "a \\"b\\""}', raw)]
     assert p.finish() == [] and p.notes == []
     assert p.tool_block_raw == f"\n\n<{D}tool_calls>\n{raw}\n</{D}tool_calls>"
 
 
 def test_generation_may_stop_without_eos_text_and_half_calls_are_not_executable():
     p = DeepSeekV4StreamParser("chat")
-    assert p.feed("answer\n") == [TextDelta("answer")]
-    assert p.finish() == [TextDelta("\n")]
+    assert p.feed("answer\n") == [ParsedText("answer")]
+    assert p.finish() == [ParsedText("\n")]
     p = DeepSeekV4StreamParser("chat")
     events = p.feed("x" + BLOCK[:BLOCK.index("</")]) + p.finish()
-    assert not [e for e in events if isinstance(e, ToolCallEnd)]
+    assert not [e for e in events if isinstance(e, ParsedCallEnd)]
     assert isinstance(events[-1], ErrorEvent) and events[-1].raw == BLOCK[:BLOCK.index("</")]
     with pytest.raises(RuntimeError):
         p.feed("more")
@@ -793,7 +793,7 @@ def test_parse_of_render_round_trips_for_generated_calls(calls, mode):
 # ---- the syntax/payload tracker ----------------------------------------------------------------
 def _kinds(text: str, mode: str = "thinking") -> list[tuple[str, str]]:
     """(kind before each character, character), grouped into runs."""
-    tracker, runs = SyntaxTracker(mode), []
+    tracker, runs = DeepSeekV4SyntaxTracker(mode), []
     for ch in text:
         kind = tracker.kind()
         if runs and runs[-1][0] == kind:
@@ -816,10 +816,10 @@ def test_syntax_tracker_separates_structure_and_payload():
         ("json_string", 'v"'), ("json_structure", ', "'), ("json_string", 'n"'),
         ("json_structure", ": [1]}</"),
         ("structure", f"{D}parameter>\n</{D}invoke>\n</{D}tool_calls>{E}"), ("done", "")]
-    tracker = SyntaxTracker("thinking")
+    tracker = DeepSeekV4SyntaxTracker("thinking")
     tracker.feed("r" + block)                  # DSML inside reasoning is reasoning payload
     assert tracker.kind() == "reasoning" and not tracker.is_structure()
-    tracker = SyntaxTracker("chat")
+    tracker = DeepSeekV4SyntaxTracker("chat")
     assert tracker.feed("x" + block[:block.index("string=")]) == "structure"
     assert tracker.is_structure() and tracker.next_kind() == "structure"
     assert DIALECT.syntax_tracker(thinking_mode="chat").feed("Hello") == "payload"

@@ -11,7 +11,7 @@ import pytest
 
 from zen5.dialects import UnknownDialectError, detect_dialect, get_dialect
 from zen5.dialects.chatml import ChatMLDialect
-from zen5.models import ModelNotFound, resolve_model
+from zen5.registry import ModelNotFound, resolve_model
 from zen5.tokenizer import Tokenizer
 
 DS_MARKERS = {"<｜User｜>", "<｜Assistant｜>", "｜DSML｜", "<think>"}

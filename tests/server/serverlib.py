@@ -87,7 +87,7 @@ def start_server(name: str, workdir: Path, *args: str) -> ServerProcess:
     """A server on the named model, or a skip saying why its weights are absent."""
     import pytest
 
-    from zen5.models import ModelNotFound, resolve_model
+    from zen5.registry import ModelNotFound, resolve_model
 
     try:
         resolve_model(name)

@@ -232,14 +232,14 @@ def test_anthropic_sdk_tool_runner(fake, thread):
         return "22C and sunny"
 
     kw = {} if thread is None else {"thread": thread}
-    n0, stored = len(fake.session.requests), len(fake.zen.ctx.conversations)
+    n0, stored = len(fake.session.requests), len(fake.zen.api_ctx.conversations)
     runner = client.beta.messages.tool_runner(model="any", max_tokens=64, tools=[get_weather],
                                               messages=[{"role": "user", "content": "tool please"}], **kw)
     final = runner.until_done()
     assert calls == ["Paris"] and final.content[-1].text == "Sunny."
     second = fake.session.requests[n0 + 1]
     assert isinstance(second.messages[-1].blocks[0], ToolResultBlock)
-    assert (len(fake.zen.ctx.conversations) > stored) == (thread is None)   # the default runs a thread
+    assert (len(fake.zen.api_ctx.conversations) > stored) == (thread is None)   # the default runs a thread
     assert any(isinstance(b, ToolUseBlock) for m in second.messages for b in m.blocks)
 
 
@@ -248,7 +248,7 @@ def test_stored_conversations_drop_foreign_encrypted_content(fake):
     the store although the prompt drops it. Now a chain of such requests stores only what the
     prompt renders (a few bytes of text), the chain still continues, and reasoning we issued
     (our encrypted blob, continued by id and replayed) is still stored exactly."""
-    store = fake.zen.ctx.conversations
+    store = fake.zen.api_ctx.conversations
     garbage = "z5e1." + "A" * (16 << 20)          # looks like ours, does not decrypt
     rid = None
     for i in range(6):

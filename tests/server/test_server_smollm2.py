@@ -482,7 +482,7 @@ def test_prompt_lookup_through_the_server_changes_speed_not_the_reply(smollm2_se
     guessed = after["zen5_lookup_guessed_tokens_total"] - before["zen5_lookup_guessed_tokens_total"]
     assert 20 <= kept <= guessed
 
-    s = ChatSession(Engine.load(smollm2_path, ctx=2048, threads=2, lookup=0), "chatml", state_dir=tmp_path)
+    s = ChatSession(Engine.load(smollm2_path, n_ctx=2048, threads=2, lookup=0), "chatml", state_dir=tmp_path)
     events = list(s.chat(ChatRequest((Message.text("user", content),), max_tokens=120)))
     assert events[-1].usage.guessed_tokens == 0
     assert r.choices[0].message.content == "".join(e.text for e in events if isinstance(e, TextDelta))

@@ -5,11 +5,12 @@ module builds on another (one that did would lose what only its own wire can say
 
 Each chat adapter (`anthropic`, `openai_chat`, `openai_responses`) provides the same small
 surface, which `zen5.server` drives:
-    STYLE                      "anthropic" | "openai": the error shape its clients read
-    parse(body, ctx) -> Turn   validate; Turn has .stream, .model, .request and .start(session)
-    body(turn, reply, ctx)     the non-streaming response object
-    Stream(turn, ctx)          .start() / .event(ev) / .keepalive() / .error(err) -> SSE text
-    remember(turn, reply, ctx) keep protocol state (stored responses, threads) after success
+    STYLE                          "anthropic" | "openai": the error shape its clients read
+    parse(body, api_ctx) -> Turn   validate; Turn has .stream, .model, .request and .start(session)
+    body(turn, reply, api_ctx)     the non-streaming response object
+    Stream(turn, api_ctx)          .start() / .event(ev) / .keepalive() / .error(err) -> SSE text
+    remember(turn, reply, api_ctx) keep protocol state (stored responses, threads) after success
+`api_ctx` is the ApiContext below (its `n_ctx` is the context length in tokens).
 `openai_completions` is the same surface over the engine's raw text generation.
 """
 from __future__ import annotations

@@ -59,10 +59,10 @@ class Turn:
 
 
 # ---- request ---------------------------------------------------------------------------------
-def parse(body: dict, ctx: ApiContext, *, count_only: bool = False) -> Turn:
+def parse(body: dict, api_ctx: ApiContext, *, count_only: bool = False) -> Turn:
     model = get_str(body, "model", required=True)
     max_tokens = None if count_only else get_int(body, "max_tokens", required=True, minimum=1)
-    prior, threaded = _thread(body, ctx)
+    prior, threaded = _thread(body, api_ctx)
     system = _system(body.get("system"), "system") if "system" in body or prior is None else prior.system
     tools = _tools(get_list(body, "tools")) if "tools" in body or prior is None else prior.tools
     history = (prior.messages if prior else ()) + _messages(get_list(body, "messages", required=prior is None))
@@ -79,15 +79,15 @@ def parse(body: dict, ctx: ApiContext, *, count_only: bool = False) -> Turn:
             response_format=_output_format(get_obj(body, "output_config")), thinking_budget=budget,
             sampling=sampling(get_num(body, "temperature", low=0, high=2), get_num(body, "top_p", low=0, high=1),
                               get_int(body, "top_k", minimum=0)),
-            max_tokens=ctx.max_tokens(max_tokens), stop=get_stop(body, "stop_sequences"),
+            max_tokens=api_ctx.max_tokens(max_tokens), stop=get_stop(body, "stop_sequences"),
             thinking=thinking, redact_thinking=redact, id_prefix="toolu_")
     except ValueError as e:
         raise bad_request(str(e)) from None
-    ctx.check_prompt_bytes(request.text_bytes(), "messages")
+    api_ctx.check_prompt_bytes(request.text_bytes(), "messages")
     return Turn(new_id("msg_"), model, get_bool(body, "stream"), request, history, system, threaded)
 
 
-def _thread(body: dict, ctx: ApiContext) -> tuple[Conversation | None, bool]:
+def _thread(body: dict, api_ctx: ApiContext) -> tuple[Conversation | None, bool]:
     """`thread: {"type": "create"}` or `{"type": "continue", "previous_message_id": …}` (the SDK
     tool runner's default). An unknown id answers `error.details.error_code: thread_not_found`,
     on which the SDK replays the whole history under a new thread."""
@@ -100,7 +100,7 @@ def _thread(body: dict, ctx: ApiContext) -> tuple[Conversation | None, bool]:
     if kind != "continue":
         raise bad_request(f"thread.type: expected 'create' or 'continue', got {kind!r}", param="thread.type")
     prev = get_str(t, "previous_message_id", "thread", required=True)
-    conv = ctx.conversations.get(prev)
+    conv = api_ctx.conversations.get(prev)
     if conv is None:
         raise ApiError(400, f"thread.previous_message_id {prev} is not held by this server (evicted or "
                             "from before a restart); send the full history with thread type 'create'",
@@ -247,7 +247,7 @@ def _content(part) -> dict:
     return {"type": "tool_use", "id": part.id, "name": part.name, "input": _tool_input(part.arguments)}
 
 
-def body(turn: Turn, reply: Reply, ctx: ApiContext) -> dict:
+def body(turn: Turn, reply: Reply, api_ctx: ApiContext) -> dict:
     return {"id": turn.id, "type": "message", "role": "assistant", "model": turn.model,
             "content": [_content(p) for p in reply.parts], **_stop_fields(reply.finish),
             "usage": usage(reply.finish)}
@@ -257,16 +257,16 @@ def count_body(n_tokens: int) -> dict:
     return {"input_tokens": n_tokens}
 
 
-def remember(turn: Turn, reply: Reply, ctx: ApiContext) -> None:
+def remember(turn: Turn, reply: Reply, api_ctx: ApiContext) -> None:
     if turn.threaded:
-        ctx.conversations.put(turn.id, Conversation(turn.history + (reply.message(),),
+        api_ctx.conversations.put(turn.id, Conversation(turn.history + (reply.message(),),
                                                     turn.request.tools, turn.system))
 
 
 class Stream:
     """Neutral events -> Anthropic SSE. `index` is the position of the open block in `content`."""
 
-    def __init__(self, turn: Turn, ctx: ApiContext):
+    def __init__(self, turn: Turn, api_ctx: ApiContext):
         self.turn = turn
         self.index = -1
         self.open: str | None = None          # "text" | "thinking" | "tool_use"

@@ -54,11 +54,11 @@ class Turn:
 
 
 # ---- request ---------------------------------------------------------------------------------
-def parse(body: dict, ctx: ApiContext) -> Turn:
+def parse(body: dict, api_ctx: ApiContext) -> Turn:
     model = get_str(body, "model", required=True)
     if get_int(body, "n", default=1, minimum=1) != 1:
         raise bad_request("n: only n=1 is supported", param="n")
-    messages = _messages(get_list(body, "messages", required=True), ctx)
+    messages = _messages(get_list(body, "messages", required=True), api_ctx)
     if not messages:
         raise bad_request("messages: at least one message is required", param="messages")
     max_tokens = get_int(body, "max_completion_tokens", minimum=1)
@@ -81,17 +81,17 @@ def parse(body: dict, ctx: ApiContext) -> Turn:
             response_format=_response_format(body),
             sampling=sampling(get_num(body, "temperature", low=0, high=2), get_num(body, "top_p", low=0, high=1),
                               None, get_int(body, "seed")),
-            max_tokens=ctx.max_tokens(max_tokens), stop=get_stop(body, "stop"),
+            max_tokens=api_ctx.max_tokens(max_tokens), stop=get_stop(body, "stop"),
             thinking=thinking, reasoning_effort=_EFFORT.get(effort or ""), id_prefix="call_",
             logprobs=(top_logprobs or 0) if logprobs else None)
     except ValueError as e:
         raise bad_request(str(e)) from None
-    ctx.check_prompt_bytes(request.text_bytes(), "messages")
+    api_ctx.check_prompt_bytes(request.text_bytes(), "messages")
     include_usage = get_bool(get_obj(body, "stream_options"), "include_usage", "stream_options")
     return Turn(new_id("chatcmpl-"), model, get_bool(body, "stream"), include_usage, request)
 
 
-def _messages(items: list, ctx: ApiContext) -> tuple[Message, ...]:
+def _messages(items: list, api_ctx: ApiContext) -> tuple[Message, ...]:
     out = []
     for i, item in enumerate(items):
         m, path = obj(item, at("messages", i)), at("messages", i)
@@ -100,7 +100,7 @@ def _messages(items: list, ctx: ApiContext) -> tuple[Message, ...]:
         if role in ("system", "developer", "user"):
             out.append(Message.text(role, text_parts(content, f"{path}.content", _TEXT)))
         elif role == "assistant":
-            out.append(_assistant(m, path, ctx))
+            out.append(_assistant(m, path, api_ctx))
         elif role == "tool":
             out.append(Message("tool", (ToolResultBlock(get_str(m, "tool_call_id", path, required=True),
                                                         text_parts(content, f"{path}.content", _TEXT)),)))
@@ -110,11 +110,11 @@ def _messages(items: list, ctx: ApiContext) -> tuple[Message, ...]:
     return tuple(out)
 
 
-def _assistant(m: dict, path: str, ctx: ApiContext) -> Message:
+def _assistant(m: dict, path: str, api_ctx: ApiContext) -> Message:
     blocks = []
     reasoning = get_str(m, "reasoning_content", path)
     if reasoning is not None:
-        blocks.append(ThinkingBlock(reasoning, ctx.reasoning.signature_for(reasoning)))
+        blocks.append(ThinkingBlock(reasoning, api_ctx.reasoning.signature_for(reasoning)))
     text = text_parts(m.get("content"), f"{path}.content", _TEXT + ("refusal",))
     if text:
         blocks.append(TextBlock(text))
@@ -199,7 +199,7 @@ def usage(finish: Finish | None) -> dict:
             "prompt_tokens_details": {"cached_tokens": u.reused_tokens}}
 
 
-def body(turn: Turn, reply: Reply, ctx: ApiContext) -> dict:
+def body(turn: Turn, reply: Reply, api_ctx: ApiContext) -> dict:
     msg: dict = {"role": "assistant", "content": reply.text or None}
     if reply.thinking:
         msg["reasoning_content"] = "".join(t.text for t in reply.thinking)
@@ -225,13 +225,13 @@ def _call(c: ToolCallDone) -> dict:
     return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
 
 
-def remember(turn: Turn, reply: Reply, ctx: ApiContext) -> None:
+def remember(turn: Turn, reply: Reply, api_ctx: ApiContext) -> None:
     for t in reply.thinking:
-        ctx.reasoning.remember(t.text, t.signature)
+        api_ctx.reasoning.remember(t.text, t.signature)
 
 
 class Stream:
-    def __init__(self, turn: Turn, ctx: ApiContext):
+    def __init__(self, turn: Turn, api_ctx: ApiContext):
         self.turn = turn
         self.custom: dict[str, list] = {}       # open custom call id -> [input decoder, input sent]
         self.sampled: list[SampledToken] = []   # tokens not yet reported: the next chunk carries them

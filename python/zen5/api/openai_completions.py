@@ -25,7 +25,7 @@ class Piece:
     text: str
     logprob: dict | None = None        # {"token", "logprob", "top": {token: logprob}}
     finish_reason: str | None = None
-    usage: object = None               # engine.Usage on the last piece
+    usage: object = None               # engine.GenerationUsage on the last piece
 
 
 @dataclass
@@ -69,7 +69,7 @@ def _pieces(chunks, tok):
         yield Piece(c.text, lp, c.finish_reason, c.usage)
 
 
-def parse(body: dict, ctx: ApiContext) -> Turn:
+def parse(body: dict, api_ctx: ApiContext) -> Turn:
     model = get_str(body, "model", required=True)
     if get_int(body, "n", default=1, minimum=1) != 1 or get_int(body, "best_of", default=1, minimum=1) != 1:
         raise bad_request("n and best_of: only 1 is supported", param="n")
@@ -82,11 +82,11 @@ def parse(body: dict, ctx: ApiContext) -> Turn:
                  None, get_int(body, "seed"))
     prompt = _prompt(body.get("prompt"))
     if isinstance(prompt, str):
-        ctx.check_prompt_bytes(len(prompt.encode()), "prompt")
+        api_ctx.check_prompt_bytes(len(prompt.encode()), "prompt")
     return Turn(new_id("cmpl-"), model, get_bool(body, "stream"),
                 get_bool(get_obj(body, "stream_options"), "include_usage", "stream_options"),
                 prompt, get_bool(body, "echo"),
-                ctx.max_tokens(get_int(body, "max_tokens", default=DEFAULT_MAX_TOKENS, minimum=1)),
+                api_ctx.max_tokens(get_int(body, "max_tokens", default=DEFAULT_MAX_TOKENS, minimum=1)),
                 get_stop(body, "stop"), logprobs,
                 {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
                  "seed": s.seed})
@@ -104,7 +104,9 @@ def _prompt(p) -> str | list[int]:
                       param="prompt")
 
 
-class Reply:
+class CompletionReply:
+    """A completion's pieces as they arrive (the chat adapters build a conversations.Reply)."""
+
     def __init__(self):
         self.pieces: list[Piece] = []
         self.finish: Piece | None = None
@@ -122,7 +124,7 @@ class Reply:
         return {"text": self.text}
 
 
-new_reply = Reply
+new_reply = CompletionReply
 
 
 def _logprobs(pieces: list[Piece], offset: int) -> dict:
@@ -147,7 +149,7 @@ def _echo(turn: Turn) -> str:
     return turn.prompt if turn.echo and isinstance(turn.prompt, str) else ""
 
 
-def body(turn: Turn, reply: Reply, ctx: ApiContext) -> dict:
+def body(turn: Turn, reply: CompletionReply, api_ctx: ApiContext) -> dict:
     lead = _echo(turn)
     choice = {"text": lead + reply.text, "index": 0, "finish_reason": reply.finish.finish_reason,
               "logprobs": _logprobs(reply.pieces, len(lead)) if turn.logprobs else None}
@@ -155,12 +157,12 @@ def body(turn: Turn, reply: Reply, ctx: ApiContext) -> dict:
             "choices": [choice], "usage": usage(reply.finish.usage)}
 
 
-def remember(turn: Turn, reply: Reply, ctx: ApiContext) -> None:
+def remember(turn: Turn, reply: CompletionReply, api_ctx: ApiContext) -> None:
     pass
 
 
 class Stream:
-    def __init__(self, turn: Turn, ctx: ApiContext):
+    def __init__(self, turn: Turn, api_ctx: ApiContext):
         self.turn = turn
         self.offset = 0
 

@@ -64,10 +64,10 @@ class Turn:
 
 
 # ---- request ---------------------------------------------------------------------------------
-def parse(body: dict, ctx: ApiContext) -> Turn:
+def parse(body: dict, api_ctx: ApiContext) -> Turn:
     model = get_str(body, "model", required=True)
     prev = get_str(body, "previous_response_id")
-    prior = ctx.conversations.get(prev) if prev else None
+    prior = api_ctx.conversations.get(prev) if prev else None
     if prev and prior is None:
         raise ApiError(400, f"previous_response_id {prev} is not stored on this server (it was sent "
                             "with store=false, evicted, or is from before a restart); send the full "
@@ -75,7 +75,7 @@ def parse(body: dict, ctx: ApiContext) -> Turn:
     raw = body.get("input")
     if raw is None:
         raise bad_request("input: this field is required (a string or an array of items)", param="input")
-    history = (prior.messages if prior else ()) + _input(raw, ctx)
+    history = (prior.messages if prior else ()) + _input(raw, api_ctx)
     instructions = get_str(body, "instructions")
     system = (Message.text("system", instructions),) if instructions else ()
     reasoning = get_obj(body, "reasoning")
@@ -95,13 +95,13 @@ def parse(body: dict, ctx: ApiContext) -> Turn:
             system + history, tools=_tools(tools_wire), tool_choice=_tool_choice(body.get("tool_choice")),
             parallel_tool_calls=parallel, response_format=output_format(fmt, "text.format"),
             sampling=sampling(get_num(body, "temperature", low=0, high=2), get_num(body, "top_p", low=0, high=1)),
-            max_tokens=ctx.max_tokens(get_int(body, "max_output_tokens", minimum=1)),
+            max_tokens=api_ctx.max_tokens(get_int(body, "max_output_tokens", minimum=1)),
             thinking=False if effort in ("none", "minimal") else None,
             reasoning_effort=_EFFORT.get(effort or ""),
             redact_thinking=_ENCRYPTED in include, id_prefix="call_", logprobs=logprobs)
     except ValueError as e:
         raise bad_request(str(e)) from None
-    ctx.check_prompt_bytes(request.text_bytes(), "input")
+    api_ctx.check_prompt_bytes(request.text_bytes(), "input")
     echo = {"instructions": instructions, "previous_response_id": prev, "tools": tools_wire,
             "tool_choice": body.get("tool_choice", "auto"), "temperature": body.get("temperature"),
             "top_p": body.get("top_p"), "max_output_tokens": body.get("max_output_tokens"),
@@ -112,15 +112,15 @@ def parse(body: dict, ctx: ApiContext) -> Turn:
                 get_bool(body, "store", default=True), echo)
 
 
-def _input(raw, ctx: ApiContext) -> tuple[Message, ...]:
+def _input(raw, api_ctx: ApiContext) -> tuple[Message, ...]:
     if isinstance(raw, str):
         return (Message.text("user", raw),)
     if not isinstance(raw, list):
         raise bad_request("input: expected a string or an array of items", param="input")
-    return tuple(_item(obj(it, at("input", i)), at("input", i), ctx) for i, it in enumerate(raw))
+    return tuple(_item(obj(it, at("input", i)), at("input", i), api_ctx) for i, it in enumerate(raw))
 
 
-def _item(it: dict, path: str, ctx: ApiContext) -> Message:
+def _item(it: dict, path: str, api_ctx: ApiContext) -> Message:
     kind = it.get("type") or "message"
     if kind == "message":
         role = get_str(it, "role", path, required=True)
@@ -140,7 +140,7 @@ def _item(it: dict, path: str, ctx: ApiContext) -> Message:
         return Message("tool", (ToolResultBlock(get_str(it, "call_id", path, required=True),
                                                 _content_text(it.get("output", ""), f"{path}.output")),))
     if kind == "reasoning":
-        return Message("assistant", (_reasoning(it, path, ctx),))
+        return Message("assistant", (_reasoning(it, path, api_ctx),))
     if kind == "item_reference":
         raise bad_request(f"{path}: item_reference is not supported; send the item itself, or continue "
                           "with previous_response_id", param=path)
@@ -154,13 +154,13 @@ def _content_text(content, path: str) -> str:
     return text_parts(content, path, _TEXT)
 
 
-def _reasoning(it: dict, path: str, ctx: ApiContext):
+def _reasoning(it: dict, path: str, api_ctx: ApiContext):
     encrypted = get_str(it, "encrypted_content", path)
     if encrypted:
         return RedactedThinkingBlock(encrypted)
     parts = it.get("content") or it.get("summary") or []
     text = _content_text(parts, f"{path}.content")
-    return ThinkingBlock(text, ctx.reasoning.signature_for(text))
+    return ThinkingBlock(text, api_ctx.reasoning.signature_for(text))
 
 
 def _tools(items: list, path: str = "tools") -> tuple[ToolSpec, ...]:
@@ -259,7 +259,7 @@ def _done_item(done: ToolCallDone) -> dict:
     return _call_item(new_id("fc_"), done.id, done.name, done.arguments)
 
 
-def body(turn: Turn, reply: Reply, ctx: ApiContext) -> dict:
+def body(turn: Turn, reply: Reply, api_ctx: ApiContext) -> dict:
     output, texts = [], iter(reply.text_tokens)
     for p in reply.parts:
         if isinstance(p, str):
@@ -271,18 +271,18 @@ def body(turn: Turn, reply: Reply, ctx: ApiContext) -> dict:
     return _response(turn, output, reply.finish, _status(reply.finish))
 
 
-def remember(turn: Turn, reply: Reply, ctx: ApiContext) -> None:
+def remember(turn: Turn, reply: Reply, api_ctx: ApiContext) -> None:
     for t in reply.thinking:
-        ctx.reasoning.remember(t.text, t.signature)
+        api_ctx.reasoning.remember(t.text, t.signature)
     if turn.store:
-        ctx.conversations.put(turn.id, Conversation(turn.history + (reply.message(),)))
+        api_ctx.conversations.put(turn.id, Conversation(turn.history + (reply.message(),)))
 
 
 class Stream:
     """Neutral events -> Responses SSE. One output item is open at a time; `output` collects the
     finished items for the terminal event (the SDK checks they match what was streamed)."""
 
-    def __init__(self, turn: Turn, ctx: ApiContext):
+    def __init__(self, turn: Turn, api_ctx: ApiContext):
         self.turn = turn
         self.seq = 0
         self.output: list[dict] = []

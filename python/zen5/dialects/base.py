@@ -49,30 +49,32 @@ class ParseError(ValueError):
 
 
 # ---- streaming events ---------------------------------------------------------------------
+# Named Parsed* so they never read as the chat events of chat_types (TextDelta, ToolCallStart,
+# ...), which the session translates them into, adding tool-call IDs and thinking signatures.
 @dataclass(frozen=True)
-class ReasoningDelta:
+class ParsedReasoning:
     text: str
 
 
 @dataclass(frozen=True)
-class TextDelta:
+class ParsedText:
     text: str
 
 
 @dataclass(frozen=True)
-class ToolCallStart:
+class ParsedCallStart:
     index: int                # 0-based position of the call within this message
     name: str
 
 
 @dataclass(frozen=True)
-class ToolCallArgsDelta:
+class ParsedCallArgs:
     index: int
     json_fragment: str        # concatenated fragments of one call == its final `arguments`
 
 
 @dataclass(frozen=True)
-class ToolCallEnd:
+class ParsedCallEnd:
     index: int
     name: str
     arguments: str
@@ -85,7 +87,7 @@ class ErrorEvent:
     raw: str = ""             # the text that could not be parsed (emitted as nothing else)
 
 
-Event = Union[ReasoningDelta, TextDelta, ToolCallStart, ToolCallArgsDelta, ToolCallEnd, ErrorEvent]
+Event = Union[ParsedReasoning, ParsedText, ParsedCallStart, ParsedCallArgs, ParsedCallEnd, ErrorEvent]
 
 
 class StreamParser(Protocol):

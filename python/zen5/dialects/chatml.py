@@ -31,9 +31,9 @@ import re
 from typing import Iterable
 
 from zen5.dialects import chatml_grammar
-from zen5.dialects.base import (PAYLOAD, RAW_TOOL_BLOCK, STRUCTURE, ErrorEvent, Event, ParsedMessage,
-                                ParseError, Segment, TextDelta, ToolCall, ToolCallArgsDelta,
-                                ToolCallEnd, ToolCallStart)
+from zen5.dialects.base import (PAYLOAD, RAW_TOOL_BLOCK, STRUCTURE, ErrorEvent, Event, ParsedCallArgs,
+                                ParsedCallEnd, ParsedCallStart, ParsedMessage, ParsedText, ParseError,
+                                Segment, ToolCall)
 from zen5.dialects.chatml_syntax import CALL_CLOSE, CALL_OPEN, IM_END, IM_START
 from zen5.stop_strings import partial_stop_len
 
@@ -298,7 +298,7 @@ class _Scan:
 
     def text(self, text: str) -> None:
         if text:
-            self.events.append(TextDelta(text))
+            self.events.append(ParsedText(text))
 
     def block(self, raw: str) -> None:
         try:
@@ -311,8 +311,8 @@ class _Scan:
         self.notes.extend(notes)
         i = self.n_calls
         self.n_calls += 1
-        self.events += [ToolCallStart(i, name), ToolCallArgsDelta(i, args),
-                        ToolCallEnd(i, name, args, raw)]
+        self.events += [ParsedCallStart(i, name), ParsedCallArgs(i, args),
+                        ParsedCallEnd(i, name, args, raw)]
 
 
 def _scan(text: str, lenient: bool) -> tuple[_Scan, str]:
@@ -578,7 +578,7 @@ class _JsonScanner:
 
 # ---- streaming ----------------------------------------------------------------------------
 class _BlockStream:
-    """One <tool_call> block being sampled: emits ToolCallStart once the name is known and the
+    """One <tool_call> block being sampled: emits ParsedCallStart once the name is known and the
     arguments' canonical JSON as it arrives; the verdict comes at the close tag."""
 
     def __init__(self, index: int, lenient: bool):
@@ -594,10 +594,10 @@ class _BlockStream:
         self.scanner.feed(text)
         if not self.started and self.scanner.name is not None:
             self.started = True
-            out.append(ToolCallStart(self.index, self.scanner.name))
+            out.append(ParsedCallStart(self.index, self.scanner.name))
         parts = self.scanner.args_parts
         if self.started and len(parts) > self.sent:
-            out.append(ToolCallArgsDelta(self.index, "".join(parts[self.sent:])))
+            out.append(ParsedCallArgs(self.index, "".join(parts[self.sent:])))
             self.sent = len(parts)
 
     def close(self, out: list[Event]) -> None:
@@ -613,10 +613,10 @@ class _BlockStream:
             return
         if not self.started:
             self.started = True
-            out.append(ToolCallStart(self.index, name))
+            out.append(ParsedCallStart(self.index, name))
         if len(args) > len(sent):
-            out.append(ToolCallArgsDelta(self.index, args[len(sent):]))
-        out.append(ToolCallEnd(self.index, name, args, raw))
+            out.append(ParsedCallArgs(self.index, args[len(sent):]))
+        out.append(ParsedCallEnd(self.index, name, args, raw))
 
 
 _BEFORE, _BLOCK, _GAP, _GAP_TEXT, _DONE = "before", "block", "gap", "gap_text", "done"
@@ -670,7 +670,7 @@ class ChatMLStreamParser:
     # --- internals -------------------------------------------------------------------------
     def _text(self, out: list[Event], text: str) -> None:
         if text:
-            out.append(TextDelta(text))
+            out.append(ParsedText(text))
 
     def _step(self, out: list[Event]) -> bool:
         """Consume what can be decided in the buffer; True when the mode changed."""
@@ -795,14 +795,14 @@ class ChatMLDialect:
         """Sampled assistant text -> content and tool calls (see the module grammar). Strict
         raises ParseError on the first malformed part; lenient notes each leniency instead."""
         scan, block_raw = _scan(text, lenient)
-        content = "".join(e.text for e in scan.events if isinstance(e, TextDelta))
+        content = "".join(e.text for e in scan.events if isinstance(e, ParsedText))
         calls = tuple(ToolCall(e.name, e.arguments, e.raw) for e in scan.events
-                      if isinstance(e, ToolCallEnd))
+                      if isinstance(e, ParsedCallEnd))
         return ParsedMessage(content=content, tool_calls=calls, tool_block_raw=block_raw,
                              notes=tuple(scan.notes))
 
     def parse_events(self, text: str) -> list[Event]:
-        """The lenient one-shot parse as events (one TextDelta per text run, one args fragment
+        """The lenient one-shot parse as events (one ParsedText per text run, one args fragment
         per call, an ErrorEvent with the raw text per malformed or unclosed block)."""
         return _scan(text, lenient=True)[0].events
 

@@ -33,7 +33,7 @@ from typing import Any, Iterable, Optional
 
 from . import deepseek_v4_grammar
 from .base import RAW_TOOL_BLOCK, ParsedMessage, Segment
-from .deepseek_v4_stream import DeepSeekV4StreamParser, SyntaxTracker, parse_lenient
+from .deepseek_v4_stream import DeepSeekV4StreamParser, DeepSeekV4SyntaxTracker, parse_lenient
 from .deepseek_v4_syntax import (ASSISTANT, BOS, DSML, EOS, LATEST_REMINDER, TASK_TOKENS,
                                  THINK_CLOSE, THINK_OPEN, TOOL_TAG, USER, check_options,
                                  parse_message_from_completion_text, parse_strict, to_json)
@@ -464,8 +464,8 @@ class DeepSeekV4Dialect:
         return DeepSeekV4StreamParser(thinking_mode=thinking_mode, lenient=lenient)
 
     def syntax_tracker(self, thinking_mode: str = "thinking",
-                       **_other_dialects_options) -> SyntaxTracker:
-        return SyntaxTracker(thinking_mode=thinking_mode)
+                       **_other_dialects_options) -> DeepSeekV4SyntaxTracker:
+        return DeepSeekV4SyntaxTracker(thinking_mode=thinking_mode)
 
     def grammar(self, demand, token_id=None, thinking_mode: str = "thinking",
                 **_other_dialects_options) -> str:

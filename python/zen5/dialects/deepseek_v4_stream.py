@@ -19,10 +19,10 @@ Lenient behaviour, each case reported in `notes` (never silent):
 Errors (an ErrorEvent whose `raw` is text emitted as nothing else, plus a note):
   malformed tool block (any framing the official parser rejects, duplicate parameters),
   truncated tool block (generation ended inside a call), text after the block or after EOS.
-A block's calls are executable only once the block is closed: ToolCallStart (as soon as the tag
+A block's calls are executable only once the block is closed: ParsedCallStart (as soon as the tag
 after the invoke header arrives: the official header rule needs it to fix the name) and
-ToolCallArgsDelta stream live; ToolCallEnd comes for every call when `</｜DSML｜tool_calls>`
-arrives; a block that fails instead gets an ErrorEvent and no ToolCallEnd at all, so a consumer
+ParsedCallArgs stream live; ParsedCallEnd comes for every call when `</｜DSML｜tool_calls>`
+arrives; a block that fails instead gets an ErrorEvent and no ParsedCallEnd at all, so a consumer
 must drop the calls it previewed. EOS is optional: finish() ends the text.
 """
 from __future__ import annotations
@@ -33,14 +33,13 @@ from typing import Optional
 
 from zen5.stop_strings import partial_stop_len
 
-from .base import (PAYLOAD, STRUCTURE, ErrorEvent, Event, ParsedMessage, ParseError,
-                   ReasoningDelta, TextDelta, ToolCall, ToolCallArgsDelta, ToolCallEnd,
-                   ToolCallStart)
+from .base import (PAYLOAD, STRUCTURE, ErrorEvent, Event, ParsedCallArgs, ParsedCallEnd,
+                   ParsedCallStart, ParsedMessage, ParsedReasoning, ParsedText, ParseError, ToolCall)
 from .deepseek_v4_syntax import (BLOCK_CLOSE, DSML, EOS, FORBIDDEN_IN_TEXT, INVOKE_CLOSE,
                                  INVOKE_NAME_RE, INVOKE_OPEN, PARAM_OPEN, PARAM_STOP, THINK_CLOSE,
                                  TOOL_TAG, parse_strict, to_json)
 
-__all__ = ["DeepSeekV4StreamParser", "SyntaxTracker", "parse_lenient", "message_from_events"]
+__all__ = ["DeepSeekV4StreamParser", "DeepSeekV4SyntaxTracker", "parse_lenient", "message_from_events"]
 
 _AFTER_INVOKE = ((">\n" + INVOKE_OPEN, "invoke_header"), (">\n" + BLOCK_CLOSE, "block_closed"))
 _AFTER_PARAM = ((">\n" + PARAM_OPEN, "param_header"), (">\n" + INVOKE_CLOSE, "after_invoke"))
@@ -149,7 +148,7 @@ class DeepSeekV4StreamParser:
         return self._drain()
 
     def position_kind(self) -> str:
-        """What the next token is: see SyntaxTracker."""
+        """What the next token is: see DeepSeekV4SyntaxTracker."""
         state, buf = self._state, self._buf
         if state == "content" and ("<" + DSML) in buf:
             return "structure"        # a tool tag is being written
@@ -182,12 +181,12 @@ class DeepSeekV4StreamParser:
     def _emit_text(self, s: str, reasoning: bool) -> None:
         if s:
             (self._reasoning if reasoning else self._content).append(s)
-            self._events.append(ReasoningDelta(s) if reasoning else TextDelta(s))
+            self._events.append(ParsedReasoning(s) if reasoning else ParsedText(s))
 
     def _emit_args(self, fragment: str) -> None:
         if fragment:
             self._call.args.append(fragment)
-            self._events.append(ToolCallArgsDelta(self._call.index, fragment))
+            self._events.append(ParsedCallArgs(self._call.index, fragment))
 
     def _fail(self, message: str) -> None:
         """Terminal error: everything unconsumed (and later) is reported as raw error text."""
@@ -294,7 +293,7 @@ class DeepSeekV4StreamParser:
             return True
         self._take(pos + len(marker))
         self._call = _Call(index=len(self._calls), name=names[0], start=self._call_start)
-        self._events.append(ToolCallStart(self._call.index, self._call.name))
+        self._events.append(ParsedCallStart(self._call.index, self._call.name))
         self._emit_args("{")
         if marker == PARAM_OPEN:
             self._state = "param_header"
@@ -360,7 +359,7 @@ class DeepSeekV4StreamParser:
 
     def _close_block(self) -> None:
         for i, call in enumerate(self._calls):
-            self._events.append(ToolCallEnd(i, call.name, call.arguments, call.raw))
+            self._events.append(ParsedCallEnd(i, call.name, call.arguments, call.raw))
         self.tool_block_raw, self._block, self._calls, self._call = self._block, "", [], None
         self._state = "block_closed"
 
@@ -435,10 +434,10 @@ def _common_prefix(a: str, b: str) -> str:
 def message_from_events(events: list[Event], notes: tuple[str, ...] = (),
                         tool_block_raw: str = "") -> ParsedMessage:
     """Fold streamed events into the one-shot result."""
-    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
-    content = "".join(e.text for e in events if isinstance(e, TextDelta))
+    reasoning = "".join(e.text for e in events if isinstance(e, ParsedReasoning))
+    content = "".join(e.text for e in events if isinstance(e, ParsedText))
     calls = tuple(ToolCall(e.name, e.arguments, e.raw)
-                  for e in events if isinstance(e, ToolCallEnd))
+                  for e in events if isinstance(e, ParsedCallEnd))
     return ParsedMessage(reasoning=reasoning, content=content, tool_calls=calls,
                          tool_block_raw=tool_block_raw, notes=tuple(notes))
 
@@ -450,7 +449,7 @@ def parse_lenient(text: str, thinking_mode: str = "thinking") -> ParsedMessage:
     return message_from_events(events, tuple(parser.notes), parser.tool_block_raw)
 
 
-class SyntaxTracker:
+class DeepSeekV4SyntaxTracker:
     """Issue 3 item 5: is the next token protocol structure (decode greedily) or payload (decode
     with the request's sampling settings)? Feed it the same text as the stream parser.
     `next_kind()` (also returned by `feed`) is "structure" or "payload", as in ChatML's tracker;

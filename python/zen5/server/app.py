@@ -60,8 +60,8 @@ class ZenServer:
         self.metrics = Metrics()
         self.tracer = Tracer(config.trace)
         self.worker = Worker(session, self.metrics, self.tracer, config.queue)
-        self.ctx = ApiContext(model_name, session.engine.n_ctx, config.max_output,
-                              max_token_bytes=session.engine.tokenizer.max_token_bytes)
+        self.api_ctx = ApiContext(model_name, session.engine.n_ctx, config.max_output,
+                                  max_token_bytes=session.engine.tokenizer.max_token_bytes)
         self.created = int(time.time())
         self.stop_at: float | None = None   # set when shutdown begins: when running requests are cut
 
@@ -151,7 +151,7 @@ class ZenServer:
         rid, style = new_id("req_"), adapter.STYLE
         job = None
         try:
-            turn = adapter.parse(await self._json(request), self.ctx)
+            turn = adapter.parse(await self._json(request), self.api_ctx)
             job = self._submit(turn.start, getattr(adapter, "new_reply", Reply), rid, api, style)
             accepted = await self._next(job, request, lambda i: isinstance(i, Accepted))
             if accepted is None:
@@ -174,12 +174,12 @@ class ZenServer:
             return self._gone(api)
         if done.reply.finish is None:
             return self._error(style, ApiError(500, "the generation ended without a result"), rid, api)
-        adapter.remember(turn, done.reply, self.ctx)
+        adapter.remember(turn, done.reply, self.api_ctx)
         self.metrics.request(api, 200)
-        return JSONResponse(adapter.body(turn, done.reply, self.ctx), headers=self._headers(rid))
+        return JSONResponse(adapter.body(turn, done.reply, self.api_ctx), headers=self._headers(rid))
 
     async def _sse(self, job: Job, turn, adapter, planned: Usage | None):
-        stream = adapter.Stream(turn, self.ctx)
+        stream = adapter.Stream(turn, self.api_ctx)
         try:
             head = stream.start(planned)
             if head:
@@ -198,7 +198,7 @@ class ZenServer:
                 elif not isinstance(item, Accepted):
                     if isinstance(item, Finish):
                         # before the client sees the end: its next request may name this reply
-                        adapter.remember(turn, job.reply, self.ctx)
+                        adapter.remember(turn, job.reply, self.api_ctx)
                     frames = stream.event(item)
                     if frames:
                         yield frames
@@ -220,7 +220,7 @@ class ZenServer:
     async def count_tokens(self, request: Request) -> Response:
         rid, api = new_id("req_"), "anthropic_count_tokens"
         try:
-            turn = anthropic.parse(await self._json(request), self.ctx, count_only=True)
+            turn = anthropic.parse(await self._json(request), self.api_ctx, count_only=True)
             job = self._submit(lambda s: iter([s.count_prompt_tokens(turn.request)]), _Count, rid, api,
                                "anthropic")
             done = await self._next(job, request, lambda i: isinstance(i, Done))
@@ -233,16 +233,16 @@ class ZenServer:
 
     # ---- other endpoints --------------------------------------------------------------------
     async def models(self, request: Request) -> Response:
-        name = self.ctx.model
+        name = self.api_ctx.model
         created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created))
         entry = {"id": name, "object": "model", "created": self.created, "owned_by": "zen5",
                  "type": "model", "display_name": name, "created_at": created,
-                 "context_window": self.ctx.n_ctx}
+                 "context_window": self.api_ctx.n_ctx}
         return JSONResponse({"object": "list", "data": [entry], "has_more": False,
                              "first_id": name, "last_id": name})
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "model": self.ctx.model, "context": self.ctx.n_ctx,
+        return JSONResponse({"status": "ok", "model": self.api_ctx.model, "context": self.api_ctx.n_ctx,
                              "busy": self.worker.busy, "queue_depth": self.worker.depth,
                              "version": zen5.__version__})
 
@@ -251,7 +251,7 @@ class ZenServer:
                                  media_type="text/plain; version=0.0.4")
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(openapi_spec(self.ctx.model))
+        return JSONResponse(openapi_spec(self.api_ctx.model))
 
     # ---- errors and lifecycle ---------------------------------------------------------------
     async def _http_error(self, request: Request, exc: HTTPException) -> Response:
@@ -267,7 +267,7 @@ class ZenServer:
     @contextlib.asynccontextmanager
     async def _lifespan(self, app):
         self.worker.start()
-        log.info("zen5 %s: serving %s (context %d tokens)", zen5.__version__, self.ctx.model, self.ctx.n_ctx)
+        log.info("zen5 %s: serving %s (context %d tokens)", zen5.__version__, self.api_ctx.model, self.api_ctx.n_ctx)
         try:
             yield
         finally:

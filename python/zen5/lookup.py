@@ -102,7 +102,7 @@ class DraftFeed:
         return bool(self._guesses)
 
     def logits(self) -> np.ndarray:
-        return self._rows[self._i] if self._rows is not None else self.eng.ctx.logits()
+        return self._rows[self._i] if self._rows is not None else self.eng.native_ctx.logits()
 
     def push(self, tok: int) -> None:
         """Make `tok` the next token of the cache."""

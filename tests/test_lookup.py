@@ -1,4 +1,4 @@
-"""Prompt-lookup speculative decoding (speculative.py): the lookup against a brute-force search,
+"""Prompt-lookup speculative decoding (lookup.py): the lookup against a brute-force search,
 and on real weights the one property that matters: a reply is the same token sequence with
 lookup on or off (greedy and seeded), and the cache ends exactly at the reply with the logits of
 its last token current, however the generation ended."""
@@ -11,7 +11,7 @@ from zen5 import _native
 from zen5.chat_types import ChatRequest, Finish, Message, TextDelta
 from zen5.engine import Engine
 from zen5.session import ChatSession
-from zen5.speculative import NGRAM_MAX, NGRAM_MIN, DraftFeed, Lookup
+from zen5.lookup import NGRAM_MAX, NGRAM_MIN, DraftFeed, Lookup
 
 
 def brute_draft(tokens: list[int], limit: int) -> list[int]:
@@ -71,7 +71,7 @@ def _generate(eng: Engine, lookup: int, prompt, **kw):
     eng.lookup = lookup
     eng.reset()
     g = eng.generate(prompt, **kw)
-    return g, eng.tokens, eng.ctx.logits().copy(), g.usage
+    return g, eng.tokens, eng.native_ctx.logits().copy(), g.usage
 
 
 @pytest.mark.model
@@ -93,7 +93,7 @@ def test_same_reply_and_same_cache_with_lookup_on_or_off(eng, prompt, sampling):
 def test_same_reply_on_the_reference_kernels(smollm2_path, matmul):
     """A machine without AVX-512 runs the scalar reference: it is batch-invariant too, so lookup
     keeps replies exact there (and on the exact f32 path)."""
-    e = Engine.load(smollm2_path, ctx=512, threads=2, isa="ref", matmul=matmul)
+    e = Engine.load(smollm2_path, n_ctx=512, threads=2, isa="ref", matmul=matmul)
     short = REPEAT.split("\n- item 6")[0] + "\n- item"   # 5 items: the scalar path is slow
     for sampling in ({"temperature": 0}, {"seed": 3}):
         res = []
@@ -101,14 +101,14 @@ def test_same_reply_on_the_reference_kernels(smollm2_path, matmul):
             e.lookup = lookup
             e.reset()
             g = e.generate(short, max_tokens=24, **sampling)
-            res.append((g.token_ids, e.tokens, e.ctx.logits().tobytes()))
+            res.append((g.token_ids, e.tokens, e.native_ctx.logits().tobytes()))
         assert res[0] == res[1] and g.usage.kept_tokens > 0
 
 
 @pytest.mark.model
 def test_stop_string_and_context_limit_end_at_the_same_place(smollm2_path):
-    for ctx, kw in ((1024, {"stop": ["item 14"]}), (169 + 37, {})):
-        e = Engine.load(smollm2_path, ctx=ctx, threads=1)
+    for n_ctx, kw in ((1024, {"stop": ["item 14"]}), (169 + 37, {})):
+        e = Engine.load(smollm2_path, n_ctx=n_ctx, threads=1)
         prompt = e.tokenizer.encode(REPEAT)
         assert len(prompt) == 169
         res = []
@@ -116,11 +116,11 @@ def test_stop_string_and_context_limit_end_at_the_same_place(smollm2_path):
             e.lookup = lookup
             e.reset()
             g = e.generate(prompt, max_tokens=200, temperature=0, **kw)
-            res.append((g.token_ids, g.text, g.finish_reason, e.tokens, e.ctx.logits().copy()))
+            res.append((g.token_ids, g.text, g.finish_reason, e.tokens, e.native_ctx.logits().copy()))
         assert res[0][:4] == res[1][:4] and np.array_equal(res[0][4], res[1][4])
         assert g.usage.kept_tokens > 0
         if not kw:
-            assert res[1][2] == "length" and len(res[1][3]) == ctx  # filled, never overflowed
+            assert res[1][2] == "length" and len(res[1][3]) == n_ctx  # filled, never overflowed
         else:
             assert res[1][2] == "stop" and res[1][1].endswith("item 13: the quick brown fox jumps over the lazy dog\n- ")
 
@@ -148,10 +148,10 @@ def test_a_stream_closed_mid_batch_leaves_exactly_the_streamed_tokens(eng, monke
     it.close()  # a client that disconnects
     assert eng.tokens == tuple(prompt) + tuple(got[:-1])  # the last one was sampled, not yet evaluated
     assert len(dropped) == before + 1 and dropped[-1] > 0  # closed mid-batch: its guesses dropped
-    logits, last = eng.ctx.logits().copy(), eng.tokens[-1]
+    logits, last = eng.native_ctx.logits().copy(), eng.tokens[-1]
     eng.rewind(len(eng.tokens) - 1)
     eng.append([last])  # the logits the cache reports are those of its last token
-    assert np.array_equal(eng.ctx.logits(), logits)
+    assert np.array_equal(eng.native_ctx.logits(), logits)
 
 
 @pytest.mark.model
@@ -173,13 +173,13 @@ def test_batches_never_cross_an_aligned_frontier(eng):
 
 @pytest.mark.model
 def test_rewind_with_logits_is_checked(smollm2):
-    ctx = smollm2.ctx
+    native_ctx = smollm2.native_ctx
     smollm2.reset()
     smollm2.append([1, 2, 3])
     with pytest.raises(_native.ZenError, match="vocab_size"):
-        ctx.rewind(2, np.zeros(5, np.float32))
+        native_ctx.rewind(2, np.zeros(5, np.float32))
     with pytest.raises(_native.ZenError, match="rewind\\(0\\)"):
-        ctx.rewind(0, np.zeros(smollm2.config.vocab_size, np.float32))
+        native_ctx.rewind(0, np.zeros(smollm2.config.vocab_size, np.float32))
     smollm2.reset()
 
 
@@ -189,7 +189,7 @@ def test_chat_session_reply_is_the_same_with_lookup(smollm2_path, tmp_path):
     msgs = (Message.text("user", "Continue this list up to item 20:\n" + REPEAT),)
     out = []
     for lookup in (0, 7):
-        s = ChatSession(Engine.load(smollm2_path, ctx=2048, lookup=lookup), "chatml",
+        s = ChatSession(Engine.load(smollm2_path, n_ctx=2048, lookup=lookup), "chatml",
                         state_dir=tmp_path / str(lookup))
         events = list(s.chat(ChatRequest(msgs, max_tokens=120)))  # greedy
         fin = events[-1]
@@ -205,9 +205,9 @@ def test_chat_session_reply_is_the_same_with_lookup(smollm2_path, tmp_path):
 @pytest.mark.model
 def test_a_bad_lookup_setting_is_a_clear_error(smollm2, monkeypatch):
     with pytest.raises(ValueError, match="integer >= 0, got -1"):
-        Engine(smollm2.weights, ctx=64, lookup=-1)
+        Engine(smollm2.weights, n_ctx=64, lookup=-1)
     monkeypatch.setenv("ZEN5_LOOKUP", "lots")
     with pytest.raises(ValueError, match="ZEN5_LOOKUP.*got 'lots'"):
-        Engine(smollm2.weights, ctx=64)
+        Engine(smollm2.weights, n_ctx=64)
     monkeypatch.setenv("ZEN5_LOOKUP", "0")
-    assert Engine(smollm2.weights, ctx=64).lookup == 0
+    assert Engine(smollm2.weights, n_ctx=64).lookup == 0
