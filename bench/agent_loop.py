@@ -19,11 +19,11 @@ import json
 import time
 from pathlib import Path
 
+from results_log import append_rows, commit
 from zen5 import session as session_mod
 from zen5.chat_types import ChatRequest, Message, ToolResultBlock, ToolSpec, ToolUseBlock
 from zen5.engine import Engine
 from zen5.session import ChatSession
-from results_log import append_rows, commit
 
 READ = ToolSpec("Read", "Reads a file", {"type": "object", "properties": {"path": {"type": "string"}},
                                          "required": ["path"]})

@@ -25,9 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_log import append_rows, commit
 from zen5.checkpoints import CheckpointStore
 from zen5.engine import Engine
-from results_log import append_rows, commit
 
 TEXT = ("The history of computing is a story of abstractions layered on top of one another. "
         "Each generation of engineers hides the details of the previous one, ") * 400

@@ -15,8 +15,9 @@ Decode rate = completion tokens / decode seconds over --requests requests per ar
 temperature 0.7, fixed seeds shared by the arms). On a busy machine the rates are noisy, so the
 main-thread time spent in the constraint per token (waiting for and applying the mask, advancing
 the matcher) is timed too: `mask_ms_per_token`, and `ratio_timed` = unconstrained time per token
-/ (that + mask time per token), the overhead with the noise of the decode itself taken out. The mask for the next token is computed in a
-background thread while the engine evaluates the current one; --sync computes it inline.
+/ (that + mask time per token), the overhead with the noise of the decode itself taken out. The
+mask for the next token is computed in a background thread while the engine evaluates the current
+one; --sync computes it inline.
 Output: rows appended to bench/results/constrained.csv and a final JSON line with the ratios
 (constrained / unconstrained; target >= 0.90). Usage:
 python bench/constrained.py [--model smollm2] [--threads 2] [--requests 8] [--max-tokens 96] [--sync]
@@ -30,12 +31,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_log import append_rows, commit
 from zen5 import constraints
 from zen5.chat_types import ChatRequest, Finish, Message, ToolSpec
 from zen5.engine import Engine
 from zen5.sampling import SamplingParams
 from zen5.session import ChatSession
-from results_log import append_rows, commit
 
 WEATHER = ToolSpec("get_weather", "Get the weather forecast for a city", {
     "type": "object",

@@ -64,7 +64,8 @@ def walk(engines: dict, tokens: list[int], frontiers: list[int], gen_tokens: int
         for name, e in engines.items():
             r = _frontier(e, tokens, prev, f, gen_tokens, repeat, eos, per_pos[name])
             rows[name].append(r)
-            line = f"frontier {f:5d} {name:>5}: prefill {r['prefill_tps']:8.1f} tok/s   decode {r['gen_tps']:7.1f} tok/s"
+            line = (f"frontier {f:5d} {name:>5}: prefill {r['prefill_tps']:8.1f} tok/s"
+                    f"   decode {r['gen_tps']:7.1f} tok/s")
             if name in lookup:
                 tps, st = _decode(e, tokens, f, gen_tokens, repeat, eos, max_draft=MAX_DRAFT)
                 rows[f"{name}+lookup"].append(dict(r, gen_tps=tps))

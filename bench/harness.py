@@ -66,8 +66,7 @@ if str(HERE) not in sys.path:
 
 import frontier as frontier_mod  # noqa: E402
 import roofline  # noqa: E402
-from peers import (ALL_PEERS, LLAMA_PEERS, TIERS, TORCH_DTYPES, LlamaBench, TorchWorker,  # noqa: E402
-                   cpu_flags, default_peers)
+from peers import ALL_PEERS, LLAMA_PEERS, TIERS, TORCH_DTYPES, LlamaBench, TorchWorker, cpu_flags, default_peers  # noqa: E402
 from results_log import commit, cpu_name  # noqa: E402
 from workload import QUANTS, ROOT, Zen5Runner, fixed_text, model_path, n_tokens, weight_stats  # noqa: E402
 
@@ -309,7 +308,8 @@ class Run:
                        frac_peak="", frac_alt="", steal_ticks=steal,
                        steal_pct=round(100.0 * steal / max(1, total), 2), load1_start=self.load1_start)
             if threads in self.roofs:
-                ach, unit, fp, fa = roofline.fractions(test, med, self.roofs[threads], *self._stats(engine, quant), quant)
+                ach, unit, fp, fa = roofline.fractions(test, med, self.roofs[threads], *self._stats(engine, quant),
+                                                       quant)
                 row.update(achieved=round(ach, 1), unit=unit, frac_peak=round(fp, 3), frac_alt=round(fa, 3))
             out.append(row)
         return out

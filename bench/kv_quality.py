@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     append_rows(a.out / "kv_quality.csv", rows)
     for r in rows:
-        print(f"matmul {r['matmul']:4} KV {r['kv_type']:4}: ppl {r['ppl']:8.4f} (last quarter {r['ppl_last_quarter']:.4f}), "
+        print(f"matmul {r['matmul']:4} KV {r['kv_type']:4}: ppl {r['ppl']:8.4f} "
+              f"(last quarter {r['ppl_last_quarter']:.4f}), "
               f"KL vs exact {r['kl_vs_exact']:.5f} nats, top-1 = exact at {100 * r['top1_vs_exact']:.1f}%")
     print(json.dumps(rows))
     return 0

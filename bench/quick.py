@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from zen5.engine import Engine
 from results_log import append_rows, commit, cpu_name
+from zen5.engine import Engine
 
 TEXT = ("The history of computing is a story of abstractions layered on top of one another. "
         "Each generation of engineers hides the details of the previous one, ") * 64

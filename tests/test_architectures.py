@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
+from torch_ref import TorchRef, load_for_reference
 
 import tiny_gguf
-from torch_ref import TorchRef, load_for_reference
 from tiers import TIERS
 from zen5 import _native
 from zen5.engine import Engine

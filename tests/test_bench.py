@@ -127,7 +127,8 @@ def test_report_renders_latest_full_run_between_markers(tmp_path):
     # 100 MB of weights + 234 MB of K/V per token at the 33.4 GB/s DRAM roof: 100 tok/s
     assert "bounds decode there at 100 tok/s (40% of decode at the first frontier), and zen5 reaches 80%" in text
     # the 234 MB of K/V alone at 33.4 GB/s: 143 tok/s, 57% of 250
-    assert "reaches 80% of that bound; the K/V reads alone, with the weights free, would bound it at 143 tok/s (57%)." in text
+    assert ("reaches 80% of that bound; the K/V reads alone, with the weights free, would bound it at "
+            "143 tok/s (57%).") in text
     assert "int8 VNNI 1,769 GOP/s" in text
     # the q8_0 walk: 120 tok/s = 1.50x the f16 cache's 80 and 48% of its 250 at 512; 100 + 134 MB
     # per token at 33.4 GB/s bound it at 143 tok/s (57% of 250), reached to 84%
@@ -220,7 +221,8 @@ def test_kv_quality_scores_every_cache_against_the_exact_one(tmp_path):
 import peers  # noqa: E402
 import results_log  # noqa: E402
 
-ZEN3 = "fpu sse2 ssse3 fma cx16 sse4_1 sse4_2 movbe popcnt aes xsave avx f16c rdrand bmi1 avx2 bmi2 sha_ni vaes vpclmulqdq"
+ZEN3 = ("fpu sse2 ssse3 fma cx16 sse4_1 sse4_2 movbe popcnt aes xsave avx f16c rdrand bmi1 avx2 bmi2 sha_ni vaes "
+        "vpclmulqdq")
 ZEN4 = ZEN3 + (" avx512f avx512dq avx512ifma avx512cd avx512bw avx512vl avx512_bf16 avx512vbmi avx512_vbmi2"
                " avx512_vnni avx512_bitalg avx512_vpopcntdq")
 XEON_AMX = ZEN4 + " avx_vnni avx512_fp16 amx_bf16 amx_tile amx_int8"
@@ -362,7 +364,8 @@ def test_report_renders_a_forced_tier_table_beside_the_best_tier(tmp_path):
     text = report.render(tmp_path)
     assert text.startswith(only_best + "\n\n")  # the best tier's section is unchanged, first
     tier = text[len(only_best):]
-    assert "zen5's AVX2 tier, forced (`python -m zen5 bench --isa avx2`; `bench/results/AMD_EPYC_Zen4-avx2-bench.csv`)" in tier
+    assert ("zen5's AVX2 tier, forced (`python -m zen5 bench --isa avx2`; "
+            "`bench/results/AMD_EPYC_Zen4-avx2-bench.csv`)") in tier
     assert "AMD EPYC Zen4, custom workload (pp512, tg128), 3 repetitions" in tier
     assert "1-minute load average 1.7 at the start" in tier and "over the int8 vpmaddubsw+vpaddw peak" in tier
     assert "| weights | threads | test | zen5 | llama.cpp AVX2 | zen5 of roof |" in tier

@@ -25,8 +25,7 @@ import numpy as np
 import pytest
 
 from zen5 import checkpoints as ckmod
-from zen5.checkpoints import (SUFFIX, CheckpointConfig, CheckpointStore, Entry, eviction_order,
-                              score, text_key)
+from zen5.checkpoints import SUFFIX, CheckpointConfig, CheckpointStore, Entry, eviction_order, score, text_key
 from zen5.tool_memory import ToolRecord
 
 FP = 0x1234_5678_9ABC_DEF0
@@ -355,7 +354,6 @@ def test_cache_cli(tmp_path, capsys):
 
 # ---- sessions on real weights -------------------------------------------------------------------
 from test_session import assistant_turn, calls_of, chatml_calls, dsml_calls, run, scripted  # noqa: E402
-
 from zen5.chat_types import ChatError, ChatRequest, Message, ToolResultBlock  # noqa: E402
 from zen5.engine import Engine  # noqa: E402
 from zen5.session import ChatSession  # noqa: E402

@@ -22,14 +22,12 @@ import llguidance
 import pytest
 from lark import Lark
 
-from zen5.chat_types import (ChatError, ChatRequest, Finish, Message, TextDelta, ThinkingDone,
-                             ToolCallDone, ToolSpec)
+from zen5.chat_types import ChatError, ChatRequest, Finish, Message, TextDelta, ThinkingDone, ToolCallDone, ToolSpec
 from zen5.constraints import Demand, demand_of, llg_tokenizer
 from zen5.dialects.chatml import ChatMLDialect
-from zen5.dialects.deepseek_v4 import DeepSeekV4Dialect
-from zen5.dialects.deepseek_v4 import EOS, parse_message_from_completion_text, render_tool_calls
-from zen5.grammar import narrowed
+from zen5.dialects.deepseek_v4 import EOS, DeepSeekV4Dialect, parse_message_from_completion_text, render_tool_calls
 from zen5.engine import Engine
+from zen5.grammar import narrowed
 from zen5.lark_json_string import GrammarError, escape_regex, json_string_grammar
 from zen5.sampling import SamplingParams
 from zen5.session import ChatSession

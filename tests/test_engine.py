@@ -57,7 +57,8 @@ def test_eos_finishes_with_stop(smollm2_path):
     from zen5.engine import Engine
 
     smollm2 = Engine.load(smollm2_path, n_ctx=512, matmul="f32")  # where this reply ends early
-    out = smollm2.generate("<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n", max_tokens=200, temperature=0)
+    out = smollm2.generate("<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n", max_tokens=200,
+                           temperature=0)
     assert out.finish_reason == "stop" and out.completion_tokens < 200
     assert "<|im_end|>" not in out.text
 

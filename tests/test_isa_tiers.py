@@ -28,7 +28,8 @@ def test_tiers_are_ordered_and_the_best_supported_one_is_chosen():
     assert TIERS[0] == "ref"
     if "ZEN5_FORCE_ISA" not in os.environ:
         assert _native.isa == TIERS[-1]
-    flags = Path("/proc/cpuinfo").read_text().split("\nflags")[1].split("\n")[0].split() if Path("/proc/cpuinfo").exists() else []
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = cpuinfo.read_text().split("\nflags")[1].split("\n")[0].split() if cpuinfo.exists() else []
     if flags:  # the CPU's own word, independently of our CPUID reading
         need = {"avx2": {"avx2", "fma", "f16c"}, "avx2vnni": {"avx2", "fma", "f16c", "avx_vnni"},
                 "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}}
@@ -69,7 +70,8 @@ def test_tier_objects_define_no_weak_symbols():
     baseline code would run AVX-512 instructions on a CPU without them. Tier files keep their
     helpers static, so their objects define no weak symbols at all."""
     for obj in _tier_objects():
-        out = subprocess.run(["nm", "-C", "--defined-only", str(obj)], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(["nm", "-C", "--defined-only", str(obj)], capture_output=True, text=True,
+                             check=True).stdout
         weak = [line for line in out.splitlines() if re.match(r"^\S+ [WVu] ", line)]
         assert not weak, f"{obj.name} ({obj.parent.parent.parent.parent.name}) defines weak symbols: {weak[:5]}"
         # and the wider instructions stay in their tier: no zmm in the AVX2 builds, no vpdpbusd without VNNI
@@ -106,8 +108,9 @@ def test_dispatch_on_a_cpu_without_avx512(tmp_path, cpu, tier):
     from the AVX2 tier's code (a leaked weak symbol, a wrong table entry) would kill the process
     with SIGILL. Tiny Q4_1, Q8_0 and BF16 models, int8 and f32 matmuls, f16 and q8_0 caches:
     the emulated run must give the same logits, bit for bit, as this machine forcing that tier."""
-    import tiny_gguf
     from gguf import GGMLQuantizationType as Q
+
+    import tiny_gguf
 
     paths = [str(tiny_gguf.write_gguf(tmp_path / f"m-{q.name}.gguf", matrix_type=q))
              for q in (Q.Q4_1, Q.Q8_0, Q.BF16)]

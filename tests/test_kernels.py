@@ -8,8 +8,8 @@ random bytes with sane block scales, written in GGUF's block layouts.
 import numpy as np
 import pytest
 
-from zen5._native import testing
 from tiers import FAST_TIERS
+from zen5._native import testing
 
 TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30}
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
@@ -131,7 +131,8 @@ def test_softmax_exp2_over_its_whole_range(fast_isa):
     fraction of [-0.5, 0.5] after the max, values that underflow to denormals or to zero, and a
     -inf score (it must give exactly 0, not NaN), on both ISAs and with a 17-lane tail."""
     frac = np.linspace(-0.5, 0.5, 33, dtype=np.float32)
-    x = np.concatenate([[3.0], 3.0 - frac - 1, [-20.25, -120.3, -146.6, -149.7, -150.5, -400, -np.inf]]).astype(np.float32)
+    tail = [-20.25, -120.3, -146.6, -149.7, -150.5, -400, -np.inf]
+    x = np.concatenate([[3.0], 3.0 - frac - 1, tail]).astype(np.float32)
     exact = 2.0 ** (x.astype(np.float64) - 3.0)
     exact /= exact.sum()
     for isa in ("ref", fast_isa):
@@ -211,7 +212,8 @@ def test_matmul_int8_batch_equals_one_by_one(fast_isa):
     x = rng.standard_normal((7, 96)).astype(np.float32)
     for isa in ("ref", fast_isa):
         batch = testing.kernel_matmul_int8(isa, TYPES["Q4_1"], w, 48, 96, x)
-        single = np.concatenate([testing.kernel_matmul_int8(isa, TYPES["Q4_1"], w, 48, 96, x[i:i + 1]) for i in range(7)])
+        single = np.concatenate([testing.kernel_matmul_int8(isa, TYPES["Q4_1"], w, 48, 96, x[i:i + 1])
+                                 for i in range(7)])
         assert np.array_equal(batch, single), isa
 
 
@@ -219,7 +221,8 @@ def test_f16_conversion_matches_numpy_bit_for_bit(fast_isa):
     rng = np.random.default_rng(11)
     x = np.concatenate([rng.standard_normal(1000) * 10 ** rng.uniform(-9, 5, 1000),
                         [0.0, -0.0, 65504.0, 65520.0, 1e6, -1e6, 6e-8, 3e-8, 2.9e-8, np.inf, -np.inf],
-                        np.float16(np.arange(-2048, 2048)).astype(np.float32) + np.float32(2 ** -12)]).astype(np.float32)
+                        np.float16(np.arange(-2048, 2048)).astype(np.float32) + np.float32(2 ** -12)]
+                       ).astype(np.float32)
     expect = x.astype(np.float16).view(np.uint16)
     for isa in ("ref", fast_isa):
         assert np.array_equal(testing.kernel_to_f16(isa, x), expect), isa
@@ -284,7 +287,8 @@ def test_attention_kernels_f16_cache(fast_isa, n, hd, stride):
     v = rng.standard_normal((n, stride)).astype(np.float16)
     scale = 1 / np.sqrt(hd)
     exact = k[:, :hd].astype(np.float64) @ q * scale
-    p = np.exp(exact - exact.max()); p = (p / p.sum()).astype(np.float32)
+    p = np.exp(exact - exact.max())
+    p = (p / p.sum()).astype(np.float32)
     for isa in ("ref", fast_isa):
         sc = testing.kernel_attn_scores_h(isa, q, k.view(np.uint16), hd, scale)
         assert np.allclose(sc, exact, atol=1e-5, rtol=1e-5), isa
@@ -387,7 +391,8 @@ def test_matmul_int8_at_the_int16_limits(fast_isa, kind):
     if kind == "Q4_1":
         blocks[:, 2:4] = np.full(nb, -0.05, np.float16).view(np.uint8).reshape(nb, 2)
     w = blocks.ravel()
-    x = np.where(rng.random((n, cols)) < 0.5, -1.0, 1.0).astype(np.float32) * rng.uniform(0.5, 2, (n, 1)).astype(np.float32)
+    signs = np.where(rng.random((n, cols)) < 0.5, -1.0, 1.0).astype(np.float32)
+    x = signs * rng.uniform(0.5, 2, (n, 1)).astype(np.float32)
     exact = emulate_int8(kind, w, rows, cols, x)
     fast = testing.kernel_matmul_int8(fast_isa, TYPES[kind], w, rows, cols, x)
     ref = testing.kernel_matmul_int8("ref", TYPES[kind], w, rows, cols, x)

@@ -14,10 +14,8 @@ from gguf import GGMLQuantizationType as Q
 
 sys.path.insert(0, os.path.dirname(__file__))
 import tiny_gguf  # noqa: E402
-
 from zen5.config import GGML_F32, SUPPORTED_TYPES, ModelConfig, UnsupportedModelError  # noqa: E402
-from zen5.loader import (BadModelFile, expected_tensors, load_weights, row_bytes,  # noqa: E402
-                         validate_tensors)
+from zen5.loader import BadModelFile, expected_tensors, load_weights, row_bytes, validate_tensors  # noqa: E402
 from zen5.loader.gguf import read_header  # noqa: E402
 from zen5.registry import ModelNotFound, resolve_model  # noqa: E402
 

@@ -10,8 +10,8 @@ import pytest
 from zen5 import _native
 from zen5.chat_types import ChatRequest, Finish, Message, TextDelta
 from zen5.engine import Engine
-from zen5.session import ChatSession
 from zen5.lookup import NGRAM_MAX, NGRAM_MIN, DraftFeed, Lookup
+from zen5.session import ChatSession
 
 
 def brute_draft(tokens: list[int], limit: int) -> list[int]:
@@ -122,7 +122,8 @@ def test_stop_string_and_context_limit_end_at_the_same_place(smollm2_path):
         if not kw:
             assert res[1][2] == "length" and len(res[1][3]) == n_ctx  # filled, never overflowed
         else:
-            assert res[1][2] == "stop" and res[1][1].endswith("item 13: the quick brown fox jumps over the lazy dog\n- ")
+            assert res[1][2] == "stop"
+            assert res[1][1].endswith("item 13: the quick brown fox jumps over the lazy dog\n- ")
 
 
 @pytest.mark.model

@@ -28,8 +28,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from torch_ref import TorchRef, load_for_reference
+
 from tiers import TIERS
 from zen5._native import testing
 from zen5.engine import Engine
@@ -105,7 +105,8 @@ def test_tiny_deepseek_matches_reference(tiny_deepseek_dir, isa):
     ref = TorchRef(cfg, tensors)
     eng = Engine.load(str(tiny_deepseek_dir), n_ctx=256, isa=isa, matmul="f32")
     assert eng.config.vocab_size == 129280
-    toks = eng.tokenizer.encode("<｜begin▁of▁sentence｜><｜User｜>Call the weather tool for Paris.<｜Assistant｜><think>")
+    toks = eng.tokenizer.encode("<｜begin▁of▁sentence｜><｜User｜>Call the weather tool for Paris."
+                                "<｜Assistant｜><think>")
     ours = eng.native_ctx.eval(toks, all_logits=True)
     with torch.no_grad():
         theirs = ref.forward(toks).numpy()
@@ -128,7 +129,8 @@ def test_dsml_tiny_matches_reference():
     cfg, tensors = load_for_reference(path)
     ref = TorchRef(cfg, tensors)
     eng = Engine.load(path, n_ctx=256)
-    toks = eng.tokenizer.encode("<｜begin▁of▁sentence｜>You are helpful.<｜User｜>Weather in Lisbon?<｜Assistant｜><think>")
+    toks = eng.tokenizer.encode("<｜begin▁of▁sentence｜>You are helpful.<｜User｜>Weather in Lisbon?"
+                                "<｜Assistant｜><think>")
     ours = eng.native_ctx.eval(toks, all_logits=True)
     with torch.no_grad():
         assert np.abs(ours - ref.forward(toks).numpy()).max() < TOL
@@ -182,7 +184,8 @@ def test_q8_attention_kernels_match_the_reference_algorithm(isa):
             sc = testing.kernel_attn_scores_q8(isa, q[0, t].numpy(), k8[c0:c1].copy(), ks[c0:c1].copy(), hd,
                                                1 / np.sqrt(hd))
             e = np.exp(sc - sc.max()).astype(np.float32)
-            parts.append((sc.max(), e.sum(), testing.kernel_attn_values_q8(isa, e, v8[c0:c1].copy(), vs[c0:c1].copy(), hd)))
+            values = testing.kernel_attn_values_q8(isa, e, v8[c0:c1].copy(), vs[c0:c1].copy(), hd)
+            parts.append((sc.max(), e.sum(), values))
         top = max(m for m, _, _ in parts)
         out = sum(np.exp(m - top) * o for m, _, o in parts) / sum(np.exp(m - top) * z for m, z, _ in parts)
         assert np.allclose(out, ref[t], atol=1e-5, rtol=1e-5), (t, np.abs(out - ref[t]).max())

@@ -97,7 +97,8 @@ def _plain_sample(params: SamplingParams, rng: np.random.Generator, logits: np.n
 
 @pytest.mark.parametrize("kw", [dict(), dict(top_k=0), dict(top_k=0, min_p=0.0), dict(top_k=5, top_p=1.0, min_p=0.0),
                                 dict(temperature=1.7, top_p=0.5), dict(temperature=0.3, top_k=200, min_p=0.0),
-                                dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), dict(temperature=4.0, top_k=0, min_p=0.0)])
+                                dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
+                                dict(temperature=4.0, top_k=0, min_p=0.0)])
 def test_the_threshold_cut_samples_what_the_plain_filters_sample(kw):
     """The sampler cuts the vocabulary by a threshold before filtering (sorting all 49k logits
     cost 0.5 ms per token); seeded, it must pick exactly the tokens the plain definition picks,
@@ -140,7 +141,8 @@ def test_ties_rank_by_lower_id_and_bad_logits_fall_back_to_the_argmax():
     assert _native.sample_token(bad, 1.0, 0, 1.0, 0.0, 0.5) == -1
     assert Sampler(SamplingParams(seed=0)).sample(bad) == int(np.argmax(bad))
     assert _native.sample_token(np.full(4, -np.inf, np.float32), 1.0, 2, 1.0, 0.0, 0.5) == -1
-    for args in [(0.0, 40, 0.9, 0.0, 0.5), (1.0, 40, 0.0, 0.0, 0.5), (1.0, 40, 0.9, 1.5, 0.5), (1.0, 40, 0.9, 0.0, 1.0)]:
+    for args in [(0.0, 40, 0.9, 0.0, 0.5), (1.0, 40, 0.0, 0.0, 0.5), (1.0, 40, 0.9, 1.5, 0.5),
+                 (1.0, 40, 0.9, 0.0, 1.0)]:
         with pytest.raises(ZenError):
             _native.sample_token(LOGITS, *args)
     with pytest.raises(ZenError):
@@ -160,7 +162,8 @@ def test_the_native_sampler_agrees_with_the_plain_filters_on_random_edge_cases()
             x[rng.random(n) < 0.5] = -np.inf
             x[int(rng.integers(n))] = 0.5 if n > 1 else 0.0
         params = SamplingParams(seed=trial, temperature=float(rng.choice([1e-30, 0.05, 0.8, 5.0, 1e30])),
-                                top_k=int(rng.choice([0, 2, 5, 40, 10**6])), top_p=float(rng.choice([1e-9, 0.5, 0.95, 1.0])),
+                                top_k=int(rng.choice([0, 2, 5, 40, 10**6])),
+                                top_p=float(rng.choice([1e-9, 0.5, 0.95, 1.0])),
                                 min_p=float(rng.choice([0.0, 0.05, 0.5, 1.0])))
         if len(np.unique(x[np.isfinite(x)])) < np.isfinite(x).sum():
             continue  # (the 0.5 may repeat a value)
@@ -176,6 +179,8 @@ def test_top_k_beyond_the_vocabulary_keeps_every_token():
     call into a 500 that leaked its signature) samples exactly as keeping every token does."""
     logits = np.random.default_rng(3).standard_normal(1000).astype(np.float32)
     for k in (1000, 5000, 2 ** 32, 2 ** 70):
-        a = [Sampler(SamplingParams(temperature=1.0, top_k=k, top_p=1.0, min_p=0.0, seed=s)).sample(logits) for s in range(20)]
-        b = [Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=s)).sample(logits) for s in range(20)]
+        def draws(top_k):
+            return [Sampler(SamplingParams(temperature=1.0, top_k=top_k, top_p=1.0, min_p=0.0, seed=s)).sample(logits)
+                    for s in range(20)]
+        a, b = draws(k), draws(0)
         assert a == b, k

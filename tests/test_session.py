@@ -14,9 +14,21 @@ import numpy as np
 import pytest
 
 from zen5 import session as session_mod
-from zen5.chat_types import (ChatError, ChatRequest, Finish, Message, RedactedThinkingBlock,
-                             TextBlock, TextDelta, ThinkingBlock, ThinkingDone, ToolCallDone,
-                             ToolResultBlock, ToolSpec, ToolUseBlock)
+from zen5.chat_types import (
+    ChatError,
+    ChatRequest,
+    Finish,
+    Message,
+    RedactedThinkingBlock,
+    TextBlock,
+    TextDelta,
+    ThinkingBlock,
+    ThinkingDone,
+    ToolCallDone,
+    ToolResultBlock,
+    ToolSpec,
+    ToolUseBlock,
+)
 from zen5.engine import Engine
 from zen5.sampling import SamplingParams
 from zen5.session import ChatSession
@@ -278,7 +290,10 @@ def test_adjacent_assistant_messages_render_like_one_turn(ds_session):
     bundled = assistant_turn(ev)
     split = [Message("assistant", (b,)) for b in bundled.blocks]
     result = Message("user", (ToolResultBlock(calls_of(ev)[0].id, "humid"),))
-    req = lambda turns: ChatRequest(tuple([Message.text("user", "Weather in Lagos?")] + turns + [result]), tools=(WEATHER,))
+
+    def req(turns):
+        return ChatRequest(tuple([Message.text("user", "Weather in Lagos?")] + turns + [result]), tools=(WEATHER,))
+
     mode = s._thinking_mode(req([bundled]))
     a = s._render_segments(req([bundled]), s._dialect_messages(req([bundled]), mode)[0], mode)
     b = s._render_segments(req(split), s._dialect_messages(req(split), mode)[0], mode)

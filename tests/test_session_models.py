@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from test_session import assistant_turn, calls_of
 from zen5.chat_types import ChatRequest, Message, ToolResultBlock, ToolSpec
 from zen5.engine import Engine
 from zen5.registry import ModelNotFound, resolve_model
 from zen5.session import ChatSession
-from test_session import assistant_turn, calls_of, text_of
 
 pytestmark = pytest.mark.model
 

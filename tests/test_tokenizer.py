@@ -7,11 +7,11 @@ import warnings
 
 import gguf
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(__file__))
 import tiny_gguf  # noqa: E402
-
 from zen5.config import UnsupportedModelError  # noqa: E402
 from zen5.registry import ModelNotFound, resolve_model  # noqa: E402
 from zen5.tokenizer import StreamDecoder, Tokenizer  # noqa: E402

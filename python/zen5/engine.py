@@ -18,9 +18,9 @@ from typing import Callable, Iterator
 from zen5 import _native, overrides
 from zen5.config import SUPPORTED_TYPES, ModelConfig
 from zen5.loader import LoadedWeights, load_weights
+from zen5.lookup import MAX_DRAFT, DraftFeed
 from zen5.registry import resolve_model
 from zen5.sampling import Sampler, SamplingParams, TokenLogprob
-from zen5.lookup import MAX_DRAFT, DraftFeed
 from zen5.stop_strings import find_stop, partial_stop_len
 from zen5.tokenizer import StreamDecoder, Tokenizer
 
@@ -100,8 +100,8 @@ class Engine:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
         tensors = [(t.name, t.ggml_type, list(t.shape), t.data) for t in weights.tensors.values()]
         self.native = _native.Model(cfg.to_native(), tensors, cfg.rope_inv_freq(), self.threads)
-        # isa: a tier name ("ref", "avx2", "avx2vnni", "avx512") forces a kernel table for this context (tests run each);
-        # None uses the one chosen at import (CPUID, or ZEN5_FORCE_ISA).
+        # isa: a tier name ("ref", "avx2", "avx2vnni", "avx512") forces a kernel table for this
+        # context (tests run each); None uses the one chosen at import (CPUID, or ZEN5_FORCE_ISA).
         # matmul: "int8" (default; quantized weights times int8-quantized activations, as
         # llama.cpp does) or "f32" (dequantize to fp32: the exact path the PyTorch oracle pins).
         self.matmul = matmul or overrides.get("ZEN5_MATMUL") or "int8"

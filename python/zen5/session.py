@@ -43,18 +43,35 @@ from typing import Iterator
 import numpy as np
 
 from zen5 import _native
+from zen5.chat_types import (
+    ChatError,
+    ChatEvent,
+    ChatRequest,
+    Finish,
+    Message,
+    Planned,
+    RedactedThinkingBlock,
+    SampledToken,
+    TextBlock,
+    TextDelta,
+    ThinkingBlock,
+    ThinkingDelta,
+    ThinkingDone,
+    ToolCallDelta,
+    ToolCallDone,
+    ToolCallStart,
+    ToolResultBlock,
+    ToolUseBlock,
+    Usage,
+)
 from zen5.checkpoints import CheckpointStore, Entry
 from zen5.constraints import ConstraintError, TokenConstraint, demand_of
-from zen5.chat_types import (ChatError, ChatEvent, ChatRequest, Finish, Message, Planned,
-                             RedactedThinkingBlock, SampledToken, TextBlock, TextDelta, ThinkingBlock,
-                             ThinkingDelta, ThinkingDone, ToolCallDelta, ToolCallDone,
-                             ToolCallStart, ToolResultBlock, ToolUseBlock, Usage)
-from zen5.dialects import detect_dialect, get_dialect
 from zen5.dialects import base as d
+from zen5.dialects import detect_dialect, get_dialect
 from zen5.engine import Engine
+from zen5.lookup import DraftFeed
 from zen5.sampling import Sampler, token_logprob
 from zen5.signatures import ThinkingSigner, load_or_create_secret
-from zen5.lookup import DraftFeed
 from zen5.stop_strings import first_stop, partial_stop_len
 from zen5.tokenizer import StreamDecoder
 from zen5.tool_memory import ToolMemory, ToolRecord, new_tool_id

@@ -11,12 +11,19 @@ import os
 
 import gguf
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
-from zen5.dialects.base import (ErrorEvent, ParsedCallArgs, ParsedCallEnd, ParsedCallStart, ParsedText,
-                                ParseError, Segment)
-from zen5.dialects.chatml import (DEFAULT_SYSTEM, PAYLOAD, STRUCTURE, ChatMLDialect,
-                                  assistant_text, parse_call_json)
+from zen5.dialects.base import (
+    ErrorEvent,
+    ParsedCallArgs,
+    ParsedCallEnd,
+    ParsedCallStart,
+    ParsedText,
+    ParseError,
+    Segment,
+)
+from zen5.dialects.chatml import DEFAULT_SYSTEM, PAYLOAD, STRUCTURE, ChatMLDialect, assistant_text, parse_call_json
 from zen5.registry import ModelNotFound, resolve_model
 from zen5.tokenizer import Tokenizer
 

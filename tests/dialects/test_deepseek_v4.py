@@ -16,13 +16,25 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zen5.dialects.base import (ErrorEvent, ParsedCallArgs, ParsedCallEnd, ParsedCallStart, ParsedMessage,
-                                ParsedReasoning, ParsedText, ParseError, Segment)
-from zen5.dialects.deepseek_v4 import (DeepSeekV4Dialect, encode_messages,
-                                       parse_message_from_completion_text, render_segments,
-                                       render_tool_calls)
-from zen5.dialects.deepseek_v4_stream import (DeepSeekV4StreamParser, DeepSeekV4SyntaxTracker,
-                                              message_from_events)
+from zen5.dialects.base import (
+    ErrorEvent,
+    ParsedCallArgs,
+    ParsedCallEnd,
+    ParsedCallStart,
+    ParsedMessage,
+    ParsedReasoning,
+    ParsedText,
+    ParseError,
+    Segment,
+)
+from zen5.dialects.deepseek_v4 import (
+    DeepSeekV4Dialect,
+    encode_messages,
+    parse_message_from_completion_text,
+    render_segments,
+    render_tool_calls,
+)
+from zen5.dialects.deepseek_v4_stream import DeepSeekV4StreamParser, DeepSeekV4SyntaxTracker, message_from_events
 
 B, E = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 U, A, LR = "<｜User｜>", "<｜Assistant｜>", "<｜latest_reminder｜>"

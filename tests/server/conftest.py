@@ -3,7 +3,6 @@ the reason when its weights are absent."""
 from __future__ import annotations
 
 import pytest
-
 from serverlib import start_server
 
 

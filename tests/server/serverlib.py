@@ -16,8 +16,19 @@ from types import SimpleNamespace
 
 import requests
 
-from zen5.chat_types import (ChatError, Finish, SampledToken, TextDelta, ThinkingDelta, ThinkingDone, ToolCallDelta,
-                             ToolCallDone, ToolCallStart, ToolResultBlock, Usage)
+from zen5.chat_types import (
+    ChatError,
+    Finish,
+    SampledToken,
+    TextDelta,
+    ThinkingDelta,
+    ThinkingDone,
+    ToolCallDelta,
+    ToolCallDone,
+    ToolCallStart,
+    ToolResultBlock,
+    Usage,
+)
 
 
 def free_port() -> int:

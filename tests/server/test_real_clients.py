@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from serverlib import start_server
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]

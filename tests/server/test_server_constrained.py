@@ -33,7 +33,6 @@ import openai
 import pytest
 import requests
 from lark import Lark
-
 from serverlib import sse_events
 
 pytestmark = pytest.mark.model
@@ -86,7 +85,8 @@ TOOLS = [  # (name, description, parameters)
          ["to", "subject"])),
     ("create_event", "Create a calendar event",
      obj({"title": S(16), "attendees": {"type": "array", "maxItems": 2,
-                                        "items": obj({"name": S(10), "rsvp": E("yes", "no", "maybe")}, ["name", "rsvp"])}},
+                                        "items": obj({"name": S(10), "rsvp": E("yes", "no", "maybe")},
+                                                     ["name", "rsvp"])}},
          ["title", "attendees"])),
     ("rate", "Rate a restaurant",
      obj({"score": {"type": "number", "minimum": 0, "maximum": 5}, "category": E("food", "service", "price"),

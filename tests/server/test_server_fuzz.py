@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from serverlib import start_server
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]

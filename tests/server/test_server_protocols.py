@@ -13,8 +13,8 @@ import anthropic
 import openai
 import pytest
 import requests
-
 from serverlib import TOOL_TOKENS, FakeSession, InProcessServer, sse_events
+
 from zen5.chat_types import RedactedThinkingBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 
 
@@ -53,7 +53,8 @@ def test_unicode_line_breaks_never_split_an_event(fake):
     for path, body, text_of in (
             ("/v1/chat/completions", CHAT, lambda d: d["choices"][0]["delta"].get("content") or ""),
             ("/v1/messages", ANTHROPIC, lambda d: d.get("delta", {}).get("text", "")),
-            ("/v1/responses", RESPONSES, lambda d: d.get("delta", "") if d["type"] == "response.output_text.delta" else "")):
+            ("/v1/responses", RESPONSES,
+             lambda d: d.get("delta", "") if d["type"] == "response.output_text.delta" else "")):
         req = {**body, "stream": True, **({"messages": [{"role": "user", "content": "breaks"}]} if "messages" in body
                                          else {"input": "breaks"})}
         raw = requests.post(fake.url + path, json=req, timeout=30).content.decode()
@@ -303,7 +304,8 @@ def test_claude_code_shapes_are_accepted(fake):
     body = {"model": "claude-opus-4-8", "max_tokens": 32000, "stream": False,
             "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1"},
                        {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]},
+            "messages": [{"role": "user",
+                          "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]},
                          {"role": "system", "content": [{"type": "text", "text": "agents: none"}]}],
             "tools": [{"name": "Read", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}},
                       {"name": "Deferred", "input_schema": {"type": "object"}, "defer_loading": True},

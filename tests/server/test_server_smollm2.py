@@ -16,7 +16,6 @@ import anthropic
 import openai
 import pytest
 import requests
-
 from serverlib import sse_events, start_server
 
 pytestmark = pytest.mark.model
@@ -65,7 +64,8 @@ def test_anthropic_message_start_reports_the_input_counts(smollm2_server):
         assert start.type == "message_start"
         end = [e for e in events if e.type == "message_delta"][-1].usage
         planned = start.message.usage
-        assert (planned.input_tokens, planned.cache_read_input_tokens) == (end.input_tokens, end.cache_read_input_tokens)
+        assert ((planned.input_tokens, planned.cache_read_input_tokens)
+                == (end.input_tokens, end.cache_read_input_tokens))
         assert planned.input_tokens + planned.cache_read_input_tokens == total and planned.output_tokens == 0
         seen.append(planned.cache_read_input_tokens)
     assert seen[1] == total - 1
@@ -130,8 +130,9 @@ def test_openai_chat_logprobs(smollm2_server):
         assert e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob   # greedy
         assert bytes(e.bytes) == e.token.encode() and sum(math.exp(t) for t in tops) <= 1 + 1e-6
     # a token may be part of a UTF-8 character: its bytes are exact, and together they spell the text
-    r = client.chat.completions.create(**{**kw, "messages": [{"role": "user", "content": "Say 🚀 and 東京 three times."}],
-                                          "max_tokens": 24}, logprobs=True)
+    r = client.chat.completions.create(
+        **{**kw, "messages": [{"role": "user", "content": "Say 🚀 and 東京 three times."}], "max_tokens": 24},
+        logprobs=True)
     raw = b"".join(bytes(e.bytes) for e in r.choices[0].logprobs.content)
     assert raw.decode(errors="replace") == r.choices[0].message.content
     chunks = list(client.chat.completions.create(logprobs=True, top_logprobs=3, stream=True, **kw))

@@ -21,11 +21,38 @@ from dataclasses import dataclass
 from zen5.api import ApiContext, new_id, sampling, sse
 from zen5.api.conversations import Conversation, Reply
 from zen5.api.errors import ApiError, anthropic_body, bad_request
-from zen5.api.fields import (at, get_bool, get_int, get_list, get_num, get_obj, get_stop, get_str,
-                             obj, one_of, output_format, text_parts)
-from zen5.chat_types import (ChatRequest, Finish, Message, RedactedThinkingBlock, TextBlock,
-                             TextDelta, ThinkingBlock, ThinkingDelta, ThinkingDone, ToolCallDelta,
-                             ToolCallDone, ToolCallStart, ToolResultBlock, ToolSpec, ToolUseBlock, Usage)
+from zen5.api.fields import (
+    at,
+    get_bool,
+    get_int,
+    get_list,
+    get_num,
+    get_obj,
+    get_stop,
+    get_str,
+    obj,
+    one_of,
+    output_format,
+    text_parts,
+)
+from zen5.chat_types import (
+    ChatRequest,
+    Finish,
+    Message,
+    RedactedThinkingBlock,
+    TextBlock,
+    TextDelta,
+    ThinkingBlock,
+    ThinkingDelta,
+    ThinkingDone,
+    ToolCallDelta,
+    ToolCallDone,
+    ToolCallStart,
+    ToolResultBlock,
+    ToolSpec,
+    ToolUseBlock,
+    Usage,
+)
 from zen5.signatures import drop_unproven_thinking
 
 STYLE = "anthropic"

@@ -22,9 +22,21 @@ import sys
 from collections import OrderedDict
 from dataclasses import dataclass, fields
 
-from zen5.chat_types import (Finish, Message, RedactedThinkingBlock, SampledToken, TextBlock, TextDelta,
-                             ThinkingBlock, ThinkingDone, ToolCallDelta, ToolCallDone,
-                             ToolCallStart, ToolSpec, ToolUseBlock)
+from zen5.chat_types import (
+    Finish,
+    Message,
+    RedactedThinkingBlock,
+    SampledToken,
+    TextBlock,
+    TextDelta,
+    ThinkingBlock,
+    ThinkingDone,
+    ToolCallDelta,
+    ToolCallDone,
+    ToolCallStart,
+    ToolSpec,
+    ToolUseBlock,
+)
 
 
 class Reply:

@@ -21,8 +21,8 @@ _TYPES = {
     "server": ("api_error", "server_error"),
 }
 _KIND_BY_STATUS = {400: "invalid_request", 401: "authentication", 403: "permission", 404: "not_found",
-                   405: "not_found", 408: "invalid_request", 409: "invalid_request", 413: "too_large", 422: "invalid_request", 429: "overloaded",
-                   503: "server", 529: "overloaded"}
+                   405: "not_found", 408: "invalid_request", 409: "invalid_request", 413: "too_large",
+                   422: "invalid_request", 429: "overloaded", 503: "server", 529: "overloaded"}
 
 
 class ApiError(Exception):

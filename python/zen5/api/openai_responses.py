@@ -31,11 +31,37 @@ from zen5.api import ApiContext, logprob_entries, new_id, sampling, sse
 from zen5.api.conversations import Conversation, Reply
 from zen5.api.custom_input import CustomInputStream
 from zen5.api.errors import ApiError, bad_request
-from zen5.api.fields import (arguments_text, at, get_bool, get_int, get_list, get_num, get_obj,
-                             get_str, obj, one_of, output_format, text_parts)
-from zen5.chat_types import (ChatRequest, Finish, Message, RedactedThinkingBlock, SampledToken, TextDelta,
-                             ThinkingBlock, ThinkingDelta, ThinkingDone, ToolCallDelta,
-                             ToolCallDone, ToolCallStart, ToolResultBlock, ToolSpec, ToolUseBlock)
+from zen5.api.fields import (
+    arguments_text,
+    at,
+    get_bool,
+    get_int,
+    get_list,
+    get_num,
+    get_obj,
+    get_str,
+    obj,
+    one_of,
+    output_format,
+    text_parts,
+)
+from zen5.chat_types import (
+    ChatRequest,
+    Finish,
+    Message,
+    RedactedThinkingBlock,
+    SampledToken,
+    TextDelta,
+    ThinkingBlock,
+    ThinkingDelta,
+    ThinkingDone,
+    ToolCallDelta,
+    ToolCallDone,
+    ToolCallStart,
+    ToolResultBlock,
+    ToolSpec,
+    ToolUseBlock,
+)
 from zen5.signatures import drop_unproven_thinking
 
 STYLE = "openai"

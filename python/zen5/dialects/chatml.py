@@ -31,9 +31,21 @@ import re
 from typing import Iterable
 
 from zen5.dialects import chatml_grammar
-from zen5.dialects.base import (PAYLOAD, RAW_TOOL_BLOCK, STRUCTURE, ErrorEvent, Event, ParsedCallArgs,
-                                ParsedCallEnd, ParsedCallStart, ParsedMessage, ParsedText, ParseError,
-                                Segment, ToolCall)
+from zen5.dialects.base import (
+    PAYLOAD,
+    RAW_TOOL_BLOCK,
+    STRUCTURE,
+    ErrorEvent,
+    Event,
+    ParsedCallArgs,
+    ParsedCallEnd,
+    ParsedCallStart,
+    ParsedMessage,
+    ParsedText,
+    ParseError,
+    Segment,
+    ToolCall,
+)
 from zen5.dialects.chatml_syntax import CALL_CLOSE, CALL_OPEN, IM_END, IM_START
 from zen5.stop_strings import partial_stop_len
 

@@ -34,9 +34,22 @@ from typing import Any, Iterable, Optional
 from . import deepseek_v4_grammar
 from .base import RAW_TOOL_BLOCK, ParsedMessage, Segment
 from .deepseek_v4_stream import DeepSeekV4StreamParser, DeepSeekV4SyntaxTracker, parse_lenient
-from .deepseek_v4_syntax import (ASSISTANT, BOS, DSML, EOS, LATEST_REMINDER, TASK_TOKENS,
-                                 THINK_CLOSE, THINK_OPEN, TOOL_TAG, USER, check_options,
-                                 parse_message_from_completion_text, parse_strict, to_json)
+from .deepseek_v4_syntax import (
+    ASSISTANT,
+    BOS,
+    DSML,
+    EOS,
+    LATEST_REMINDER,
+    TASK_TOKENS,
+    THINK_CLOSE,
+    THINK_OPEN,
+    TOOL_TAG,
+    USER,
+    check_options,
+    parse_message_from_completion_text,
+    parse_strict,
+    to_json,
+)
 
 __all__ = [
     "encode_messages", "parse_message_from_completion_text", "render_segments",
@@ -103,6 +116,13 @@ class _Prompt:
         if s:
             self._pieces.append((s, False))
 
+    def dsml(self, before: str, after: str) -> None:
+        """A DSML tag: `before` (ending in "<" or "</"), the DSML marker as one special token,
+        then `after` (the tag's name and attributes)."""
+        self.text(before)
+        self.control(DSML)
+        self.text(after)
+
     def template(self, s: str) -> None:
         """Template-authored text: its special strings are control, the rest plain."""
         pos = 0
@@ -141,23 +161,22 @@ def _dsml_parameters(arguments: Any) -> list[tuple[str, bool, str]]:
 
 
 def _render_invoke(out: _Prompt, name: Any, arguments: Any) -> None:
-    out.text("<"); out.control(DSML); out.text(f'invoke name="{name}">\n')
+    out.dsml("<", f'invoke name="{name}">\n')
     for i, (key, is_str, value) in enumerate(_dsml_parameters(arguments)):
-        out.text("\n<" if i else "<"); out.control(DSML)
-        out.text(f'parameter name="{key}" string="{"true" if is_str else "false"}">')
+        out.dsml("\n<" if i else "<", f'parameter name="{key}" string="{"true" if is_str else "false"}">')
         out.text(value)
-        out.text("</"); out.control(DSML); out.text("parameter>")
-    out.text("\n</"); out.control(DSML); out.text("invoke>")
+        out.dsml("</", "parameter>")
+    out.dsml("\n</", "invoke>")
 
 
 def _render_tool_block(out: _Prompt, calls: Iterable[tuple[Any, Any]]) -> None:
     """`"\\n\\n" <｜DSML｜tool_calls> "\\n" invoke ("\\n" invoke)* "\\n" </｜DSML｜tool_calls>`."""
-    out.text("\n\n<"); out.control(DSML); out.text("tool_calls>\n")
+    out.dsml("\n\n<", "tool_calls>\n")
     for i, (name, arguments) in enumerate(calls):
         if i:
             out.text("\n")
         _render_invoke(out, name, arguments)
-    out.text("\n</"); out.control(DSML); out.text("tool_calls>")
+    out.dsml("\n</", "tool_calls>")
 
 
 def render_tool_calls(calls: Iterable[tuple[str, str]]) -> str:

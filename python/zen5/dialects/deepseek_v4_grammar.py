@@ -20,8 +20,18 @@ import json
 from dataclasses import dataclass
 
 from zen5.chat_types import CUSTOM_INPUT, ToolSpec
-from zen5.grammar import (ConstraintError, Demand, Lark, answer, json_rule, lit, no_substrings,
-                          required_names, rx_escape, slash)
+from zen5.grammar import (
+    ConstraintError,
+    Demand,
+    Lark,
+    answer,
+    json_rule,
+    lit,
+    no_substrings,
+    required_names,
+    rx_escape,
+    slash,
+)
 
 from .deepseek_v4_syntax import DSML, FORBIDDEN_IN_TEXT, THINK_CLOSE
 

@@ -33,11 +33,35 @@ from typing import Optional
 
 from zen5.stop_strings import partial_stop_len
 
-from .base import (PAYLOAD, STRUCTURE, ErrorEvent, Event, ParsedCallArgs, ParsedCallEnd,
-                   ParsedCallStart, ParsedMessage, ParsedReasoning, ParsedText, ParseError, ToolCall)
-from .deepseek_v4_syntax import (BLOCK_CLOSE, DSML, EOS, FORBIDDEN_IN_TEXT, INVOKE_CLOSE,
-                                 INVOKE_NAME_RE, INVOKE_OPEN, PARAM_OPEN, PARAM_STOP, THINK_CLOSE,
-                                 TOOL_TAG, parse_strict, to_json)
+from .base import (
+    PAYLOAD,
+    STRUCTURE,
+    ErrorEvent,
+    Event,
+    ParsedCallArgs,
+    ParsedCallEnd,
+    ParsedCallStart,
+    ParsedMessage,
+    ParsedReasoning,
+    ParsedText,
+    ParseError,
+    ToolCall,
+)
+from .deepseek_v4_syntax import (
+    BLOCK_CLOSE,
+    DSML,
+    EOS,
+    FORBIDDEN_IN_TEXT,
+    INVOKE_CLOSE,
+    INVOKE_NAME_RE,
+    INVOKE_OPEN,
+    PARAM_OPEN,
+    PARAM_STOP,
+    THINK_CLOSE,
+    TOOL_TAG,
+    parse_strict,
+    to_json,
+)
 
 __all__ = ["DeepSeekV4StreamParser", "DeepSeekV4SyntaxTracker", "parse_lenient", "message_from_events"]
 

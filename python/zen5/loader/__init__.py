@@ -13,8 +13,16 @@ import os
 from zen5.config import UnsupportedModelError
 from zen5.loader.gguf import load_gguf
 from zen5.loader.safetensors import load_safetensors_dir
-from zen5.loader.tensors import (BadModelFile, LoadedWeights, Tensor, expected_tensors, prepare_tensors,
-                                 row_bytes, type_name, validate_tensors)
+from zen5.loader.tensors import (
+    BadModelFile,
+    LoadedWeights,
+    Tensor,
+    expected_tensors,
+    prepare_tensors,
+    row_bytes,
+    type_name,
+    validate_tensors,
+)
 
 __all__ = ["Tensor", "LoadedWeights", "BadModelFile", "UnsupportedModelError", "load_weights",
            "expected_tensors", "validate_tensors", "prepare_tensors", "row_bytes", "type_name"]

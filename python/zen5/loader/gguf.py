@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from zen5.config import SUPPORTED_ARCHS, ModelConfig, UnsupportedModelError
-from zen5.loader.tensors import (BadModelFile, LoadedWeights, Tensor, prepare_tensors, validate_tensors)
+from zen5.loader.tensors import BadModelFile, LoadedWeights, Tensor, prepare_tensors, validate_tensors
 
 __all__ = ["BadModelFile", "load_gguf", "read_header", "config_from_metadata", "GGUFHeader"]
 

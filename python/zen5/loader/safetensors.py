@@ -16,10 +16,8 @@ import struct
 
 import numpy as np
 
-from zen5.config import (GGML_BF16, GGML_F16, GGML_F32, SUPPORTED_ARCHS, ModelConfig,
-                         UnsupportedModelError)
-from zen5.loader.tensors import (BadModelFile, LoadedWeights, Tensor, prepare_tensors,
-                                 unsupported_type_error)
+from zen5.config import GGML_BF16, GGML_F16, GGML_F32, SUPPORTED_ARCHS, ModelConfig, UnsupportedModelError
+from zen5.loader.tensors import BadModelFile, LoadedWeights, Tensor, prepare_tensors, unsupported_type_error
 
 __all__ = ["load_safetensors_dir", "read_safetensors", "config_from_hf", "hf_to_gguf_name"]
 

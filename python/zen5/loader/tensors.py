@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
-from zen5.config import (GGML_BF16, GGML_F16, GGML_F32, SUPPORTED_TYPES, ModelConfig,
-                         UnsupportedModelError)
+from zen5.config import GGML_BF16, GGML_F16, GGML_F32, SUPPORTED_TYPES, ModelConfig, UnsupportedModelError
 
 if TYPE_CHECKING:
     from zen5.tokenizer import Tokenizer

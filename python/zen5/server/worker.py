@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import zen5
-from zen5.engine import Engine
 from zen5.api.errors import ApiError, bad_request, overloaded
 from zen5.chat_types import ChatError, Finish, Usage
+from zen5.engine import Engine
 from zen5.server.metrics import Metrics
 from zen5.server.tracing import Tracer
 
