@@ -400,6 +400,29 @@ def test_matmul_int8_at_the_int16_limits(fast_isa, kind):
     assert report(f"int8 limits {kind}", ref, fast).max() <= 1e-5 * np.abs(exact).max()
 
 
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1"])
+def test_matmul_int8_long_rows(kind):
+    """Rows longer than the blocks a prefill kernel prepares at a time (the AVX2 tier's Q8_0
+    path prepares 32 blocks of an octet, then carries the float sums over to the next 32): every
+    SIMD tier gives the same bits as the others and batch = token by token, near the numpy
+    emulation, for token counts that use every tile width."""
+    rng = np.random.default_rng(23)
+    rows, cols = 37, 33 * 32 + 64
+    w = random_weights(kind, rows, cols, rng)
+    x = rng.standard_normal((13, cols)).astype(np.float32)
+    exact = emulate_int8(kind, w, rows, cols, x)
+    outs = []
+    for isa in FAST_TIERS:
+        batch = testing.kernel_matmul_int8(isa, TYPES[kind], w, rows, cols, x)
+        single = np.concatenate([testing.kernel_matmul_int8(isa, TYPES[kind], w, rows, cols, x[i:i + 1])
+                                 for i in range(len(x))])
+        assert np.array_equal(batch, single), isa
+        assert np.abs(batch - exact).max() <= 1e-5 * np.abs(exact).max(), isa
+        outs.append(batch)
+    for isa, o in zip(FAST_TIERS[1:], outs[1:]):
+        assert np.array_equal(o, outs[0]), (isa, FAST_TIERS[0])
+
+
 @pytest.mark.skipif(len(FAST_TIERS) < 2, reason="needs two SIMD tiers on this machine")
 @pytest.mark.parametrize("kind", list(TYPES))
 def test_simd_tiers_give_the_same_bits(kind):

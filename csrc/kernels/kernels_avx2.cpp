@@ -135,6 +135,103 @@ void octet_tile(const PackedWeights& w, int64_t k0, const QuantAct& x, int t0, f
         }
 }
 
+#ifndef ZEN5_AVXVNNI
+// Q8_0 prefill without VNNI. On Zen 4 vpsignb and vpabsb issue only on the two pipes that also
+// run vpmaddubsw, vpmaddwd and the FMAs, so octet_tile's sign trick (vpsignb per (octet, token)
+// and step, vpabsb per octet and step) made those two pipes the bound. Here the weight side is
+// prepared once per octet for all the tokens: a = |w| (as u8, 128 included) and m = (w < 0 ?
+// 0xFF : 0) per step, and per block C = sum over w < 0 of |w| per row. A token's bytes then take
+// w's sign with one vpxor, which runs on any pipe: x ^ m is x where w >= 0 and ~x = -x - 1 where
+// w < 0, so per row vpmaddubsw(a, x ^ m) summed over the block is sum(w x) - C, and the
+// accumulator starts at C. Exact in int16: with |x| <= 127, a pair is a0 s0 + a1 s1 with either
+// a <= 127 and |s| <= 127, or a <= 128 and s = ~x in [-128, 126], so within [-32768, 32256].
+// The integer sums are the same, so are the float steps (f += float(sum) * (d_w * d_x)).
+constexpr int kQ8PrepBlocks = 32;    // blocks prepared at a time (the buffer below, 18 KB)
+constexpr int kQ8PrepBytes = 576;    // per block: 8 x (a, m) 32-byte pairs, C (8 x int32), d_w (8 x fp32)
+
+static void q8_prepare(const PackedWeights& w, int64_t k, int64_t b0, int nb, uint8_t* buf) {
+    const __m256i zero = _mm256_setzero_si256(), bias = _mm256_set1_epi8(char(0x80));
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    for (int i = 0; i < nb; ++i, buf += kQ8PrepBytes) {
+        const uint8_t* pay = w.at(k >> 1, b0 + i) + 32 * (k & 1);
+        __m256i c16 = zero;
+        for (int j = 0; j < 8; ++j) {
+            const __m256i v = _mm256_xor_si256(_mm256_load_si256((const __m256i*)(pay + 64 * j)), bias);  // w
+            const __m256i a = _mm256_abs_epi8(v), m = _mm256_cmpgt_epi8(zero, v);
+            _mm256_store_si256((__m256i*)(buf + 64 * j), a);
+            _mm256_store_si256((__m256i*)(buf + 64 * j + 32), m);
+            c16 = _mm256_add_epi16(c16, _mm256_maddubs_epi16(_mm256_and_si256(a, m), ones8));  // <= 8 x 256
+        }
+        _mm256_store_si256((__m256i*)(buf + 512), _mm256_madd_epi16(c16, ones16));
+        _mm256_store_ps((float*)(buf + 544),
+                        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w.scale_at(k >> 1, b0 + i) + 16 * (k & 1)))));
+    }
+}
+
+// NT tokens from t0 against the prepared blocks [b0, b0 + nb) of one octet; f continues from out
+// unless first. With a and m loaded once per step for all NT tokens, a step costs per token a
+// broadcast, vpxor, vpmaddubsw, vpmaddwd and vpaddd: 6 tokens (12 accumulators with the float
+// sums) fit the 16 registers and measured faster than 4 (commit message).
+template <int NT>
+void q8_prep_tile(const uint8_t* buf, int nb, int64_t b0, const QuantAct& x, int t0, float* out, int64_t ldy,
+                  int last_rows, bool first) {
+    __m256 f[NT];
+    const __m256i tail = tail_mask8(last_rows);
+    for (int t = 0; t < NT; ++t)
+        f[t] = first ? _mm256_setzero_ps() : last_rows < 8 ? _mm256_maskload_ps(out + t * ldy, tail) : _mm256_loadu_ps(out + t * ldy);
+    const int8_t* xq = x.q + (b0 * x.ld + t0) * QK;
+    const float* xd = x.d + b0 * x.ld + t0;
+    const int64_t qstep = x.ld * QK;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int b = 0; b < nb; ++b, buf += kQ8PrepBytes, xq += qstep, xd += x.ld) {
+        __m256i acc[NT];
+        const __m256i c = _mm256_load_si256((const __m256i*)(buf + 512));
+        for (int t = 0; t < NT; ++t) acc[t] = c;
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) {
+            const __m256i a = _mm256_load_si256((const __m256i*)(buf + 64 * j));
+            const __m256i m = _mm256_load_si256((const __m256i*)(buf + 64 * j + 32));
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; ++t) {
+                const __m256i s = _mm256_xor_si256(bcast4(xq + t * QK + 4 * j), m);
+                acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(a, s), ones));
+            }
+            for (int t = 0; t < NT; ++t) __asm__("" : "+x"(acc[t]));  // one accumulator per token (octet_tile)
+        }
+        const __m256 wd = _mm256_load_ps((const float*)(buf + 544));
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t)
+            f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t]), _mm256_mul_ps(wd, _mm256_set1_ps(xd[t])), f[t]);
+    }
+    for (int t = 0; t < NT; ++t) {
+        if (last_rows < 8) _mm256_maskstore_ps(out + t * ldy, tail, f[t]);
+        else _mm256_storeu_ps(out + t * ldy, f[t]);
+    }
+}
+
+template <int NT>
+void q8_prefill(const PackedWeights& w, int64_t k_begin, int64_t k_end, int last, const QuantAct& x, int n, float* y,
+                int64_t ldy) {
+    alignas(64) uint8_t buf[kQ8PrepBlocks * kQ8PrepBytes];
+    for (int64_t k = k_begin; k < k_end; ++k) {
+        const int lr = k + 1 == k_end ? last : 8;
+        for (int64_t b0 = 0; b0 < w.blocks; b0 += kQ8PrepBlocks) {
+            const int nb = int(w.blocks - b0 < kQ8PrepBlocks ? w.blocks - b0 : kQ8PrepBlocks);
+            q8_prepare(w, k, b0, nb, buf);
+            const bool first = b0 == 0;
+            float* out = y + k * 8;
+            int t0 = 0;
+            for (; t0 + NT <= n; t0 += NT) q8_prep_tile<NT>(buf, nb, b0, x, t0, out + t0 * ldy, ldy, lr, first);
+            if (n - t0 >= NT / 2 && NT / 2 > 1) {
+                q8_prep_tile<NT / 2>(buf, nb, b0, x, t0, out + t0 * ldy, ldy, lr, first);
+                t0 += NT / 2;
+            }
+            for (; t0 < n; ++t0) q8_prep_tile<1>(buf, nb, b0, x, t0, out + t0 * ldy, ldy, lr, first);
+        }
+    }
+}
+#endif
+
 // Tokens per tile in prefill: the accumulators (2 x NT) and the step's operands fit the 16 ymm
 // registers; Q8_0 without VNNI needs two more (|w| and the signed activation).
 template <int TYPE>
@@ -183,9 +280,17 @@ void matmul_int8_typed(const PackedWeights& w, int64_t r0, int64_t r1, const Qua
         if (k < k_end) octet_tiles<TYPE, 1, 2>(w, k, x, n, y, ldy, last);
         return;
     }
+#ifndef ZEN5_AVXVNNI
+    if constexpr (TYPE == GGML_Q8_0) return q8_prefill<6>(w, k_begin, k_end, last, x, n, y, ldy);
+#endif
     // prefill: an octet at a time, every token tile (its group's weights stay in L1/L2 between
-    // the two octets)
-    for (int64_t k = k_begin; k < k_end; ++k)
+    // the two octets); Q4 without VNNI: both octets of a group at a time, 4 tokens (each
+    // activation broadcast then feeds two vpmaddubsw: measured faster, commit message)
+    int64_t k = k_begin;
+#ifndef ZEN5_AVXVNNI
+    for (; k + 2 <= k_end; k += 2) octet_tiles<TYPE, 2, 4>(w, k, x, n, y, ldy, k + 2 == k_end ? last : 8);
+#endif
+    for (; k < k_end; ++k)
         octet_tiles<TYPE, 1, prefill_tokens<TYPE>()>(w, k, x, n, y, ldy, k + 1 == k_end ? last : 8);
 }
 
@@ -429,6 +534,18 @@ void dequant_row(int type, const uint8_t* src, int64_t n, float* dst) {
 }
 
 // ---- elementwise ------------------------------------------------------------------------------
+//
+// Full vectors with plain loads and stores, the masked forms only for a tail: vmaskmovps is
+// microcoded on AMD cores (on the Zen 4 here a masked add loop measured much slower per vector
+// than the plain one: the figures are in the commit message). Same lanes, same arithmetic: the
+// same bits.
+static inline __m256 ld8(const float* p, int64_t left) {
+    return left >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, tail_mask8(left));
+}
+static inline void st8(float* p, int64_t left, __m256 v) {
+    if (left >= 8) _mm256_storeu_ps(p, v);
+    else _mm256_maskstore_ps(p, tail_mask8(left), v);
+}
 
 float dot(const float* a, const float* b, int64_t n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
@@ -446,31 +563,21 @@ float dot(const float* a, const float* b, int64_t n) {
 
 void axpy(float a, const float* x, float* y, int64_t n) {
     const __m256 va = _mm256_set1_ps(a);
-    for (int64_t i = 0; i < n; i += 8) {
-        const __m256i m = tail_mask8(n - i);
-        _mm256_maskstore_ps(y + i, m, _mm256_fmadd_ps(va, _mm256_maskload_ps(x + i, m), _mm256_maskload_ps(y + i, m)));
-    }
+    for (int64_t i = 0; i < n; i += 8) st8(y + i, n - i, _mm256_fmadd_ps(va, ld8(x + i, n - i), ld8(y + i, n - i)));
 }
 
 void add(float* y, const float* x, int64_t n) {
-    for (int64_t i = 0; i < n; i += 8) {
-        const __m256i m = tail_mask8(n - i);
-        _mm256_maskstore_ps(y + i, m, _mm256_add_ps(_mm256_maskload_ps(y + i, m), _mm256_maskload_ps(x + i, m)));
-    }
+    for (int64_t i = 0; i < n; i += 8) st8(y + i, n - i, _mm256_add_ps(ld8(y + i, n - i), ld8(x + i, n - i)));
 }
 
 void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* out) {
     __m256 ss = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += 8) {
-        const __m256 v = _mm256_maskload_ps(x + i, tail_mask8(n - i));
+        const __m256 v = ld8(x + i, n - i);
         ss = _mm256_fmadd_ps(v, v, ss);
     }
     const __m256 scale = _mm256_set1_ps(1.0f / std::sqrt(hsum8(ss) / float(n) + eps));
-    for (int64_t i = 0; i < n; i += 8) {
-        const __m256i m = tail_mask8(n - i);
-        _mm256_maskstore_ps(out + i, m,
-                            _mm256_mul_ps(_mm256_mul_ps(_mm256_maskload_ps(x + i, m), scale), _mm256_maskload_ps(w + i, m)));
-    }
+    for (int64_t i = 0; i < n; i += 8) st8(out + i, n - i, _mm256_mul_ps(_mm256_mul_ps(ld8(x + i, n - i), scale), ld8(w + i, n - i)));
 }
 
 // exp(x) for x in [-87, 88]: 2^k p(r), r = x - k ln2 (two-step), a degree-6 polynomial (Cephes
@@ -496,10 +603,9 @@ static inline __m256 exp256(__m256 x) {
 void swiglu(const float* g, const float* u, int64_t n, float* out) {
     const __m256 one = _mm256_set1_ps(1.0f);
     for (int64_t i = 0; i < n; i += 8) {
-        const __m256i m = tail_mask8(n - i);
-        const __m256 gv = _mm256_maskload_ps(g + i, m);
+        const __m256 gv = ld8(g + i, n - i);
         const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
-        _mm256_maskstore_ps(out + i, m, _mm256_mul_ps(s, _mm256_maskload_ps(u + i, m)));
+        st8(out + i, n - i, _mm256_mul_ps(s, ld8(u + i, n - i)));
     }
 }
 
