@@ -153,13 +153,18 @@ class ConversationStore:
     def _parts(conv: Conversation) -> tuple:
         return conv.messages + conv.system + conv.tools
 
-    def _hold(self, conv: Conversation) -> None:
+    def _hold(self, conv: Conversation) -> int:
+        """Count the conversation's parts as held; returns its own bytes (a part already held by
+        an earlier entry is not measured again)."""
+        total = 0
         for part in self._parts(conv):
             held = self._held.get(id(part))
             if held is None:
                 held = self._held[id(part)] = [part, 0, _nbytes(part)]
                 self.nbytes += held[2]
             held[1] += 1
+            total += held[2]
+        return total
 
     def _release(self, conv: Conversation) -> None:
         for part in self._parts(conv):
@@ -173,9 +178,9 @@ class ConversationStore:
         old = self._items.pop(key, None)
         if old is not None:
             self._release(old)
-        if sum(_nbytes(p) for p in self._parts(conv)) > self.max_bytes:
+        if self._hold(conv) > self.max_bytes:
+            self._release(conv)
             return
-        self._hold(conv)
         self._items[key] = conv
         while self.nbytes > self.max_bytes or len(self._items) > self.max_entries:
             self._release(self._items.popitem(last=False)[1])
