@@ -205,16 +205,13 @@ class Engine:
                 f"{len(self._tokens)} cached + {len(tokens)} new tokens exceed the context of "
                 f"{self.n_ctx} tokens")
         watch, n = self._watch, len(tokens)
-        if watch is None or all_logits or n <= self.WATCH_CHUNK:
-            if watch is not None:
-                watch(0, n)
-            rows = self._eval(tokens, all_logits)
-        else:
-            for i in range(0, n, self.WATCH_CHUNK):
-                watch(i, n)
-                rows = self._eval(tokens[i:i + self.WATCH_CHUNK], False)
-        if watch is not None:
-            watch(n, n)
+        if watch is None:
+            return self._eval(tokens, all_logits)
+        step = n if all_logits else self.WATCH_CHUNK   # every row's logits come from one batch
+        for i in range(0, n, step):
+            watch(i, n)
+            rows = self._eval(tokens[i:i + step], all_logits)
+        watch(n, n)
         return rows
 
     def _eval(self, tokens: list[int], all_logits: bool):
