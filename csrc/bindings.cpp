@@ -11,6 +11,7 @@
 
 #include "bindings.h"
 #include "decoder.h"
+#include "deepseek_v4.h"
 #include "sampler.h"
 
 using namespace zen5;
@@ -42,6 +43,35 @@ Config config_from_dict(const py::dict& d) {
     c.tied_output = d["tied_output"].cast<bool>();
     return c;
 }
+
+V4Config v4_config_from_dict(const py::dict& d) {
+    V4Config c;
+    auto i = [&](const char* k) { return d[k].cast<int>(); };
+    auto f = [&](const char* k) { return d[k].cast<float>(); };
+    c.vocab = i("vocab_size"), c.hidden = i("hidden"), c.n_layers = i("n_layers"), c.n_heads = i("n_heads");
+    c.head_dim = i("head_dim"), c.rope_dim = i("rope_dim"), c.q_rank = i("q_rank"), c.o_groups = i("o_groups");
+    c.o_rank = i("o_rank"), c.window = i("window"), c.ratios = d["ratios"].cast<std::vector<int>>();
+    c.index_heads = i("index_heads"), c.index_dim = i("index_dim"), c.index_topk = i("index_topk");
+    c.n_experts = i("n_experts"), c.top_k = i("top_k"), c.moe_inter = i("moe_inter");
+    c.n_hash_layers = i("n_hash_layers"), c.route_scale = f("route_scale"), c.swiglu_limit = f("swiglu_limit");
+    c.hc_mult = i("hc_mult"), c.hc_iters = i("hc_iters"), c.hc_eps = f("hc_eps"), c.rms_eps = f("rms_eps");
+    c.n_ctx_train = i("n_ctx_train");
+    return c;
+}
+
+// safetensors dtype names -> the type ids TensorIn carries (GGML's; I32 is 26)
+int dtype_id(const std::string& dt) {
+    if (dt == "F32") return GGML_F32;
+    if (dt == "F16") return GGML_F16;
+    if (dt == "BF16") return GGML_BF16;
+    if (dt == "I32") return 26;
+    throw BadModel("unsupported tensor dtype " + dt);
+}
+
+struct PyV4Model {
+    std::shared_ptr<V4Model> model;
+    std::vector<py::object> keepalive;
+};
 
 py::array_t<float> to_array(const std::vector<float>& v) {
     py::array_t<float> a(v.size());
@@ -166,6 +196,107 @@ PYBIND11_MODULE(_native, m) {
         })
         .def_property_readonly("n_past", &Context::n_past)
         .def_property_readonly("n_ctx", &Context::n_ctx);
+
+    // DeepSeek V4 (deepseek_v4.h): tensors under the official names, [(name, dtype, shape, uint8 array)]
+    py::class_<PyV4Model>(m, "DeepSeekV4Model")
+        .def(py::init([](const py::dict& cfg, const py::list& tensors, F32Array freq_main, F32Array freq_compress,
+                         int threads) {
+                 auto pm = std::make_unique<PyV4Model>();
+                 std::vector<TensorIn> ins;
+                 for (const auto& item : tensors) {
+                     auto tup = item.cast<py::tuple>();
+                     auto arr = tup[3].cast<py::array>();
+                     if (!(arr.flags() & py::array::c_style)) throw BadModel("tensor data must be C-contiguous");
+                     ins.push_back(TensorIn{tup[0].cast<std::string>(), dtype_id(tup[1].cast<std::string>()),
+                                            tup[2].cast<std::vector<int64_t>>(),
+                                            static_cast<const uint8_t*>(arr.data()), size_t(arr.nbytes())});
+                     pm->keepalive.push_back(arr);
+                 }
+                 std::vector<float> fm(freq_main.data(), freq_main.data() + freq_main.size());
+                 std::vector<float> fc(freq_compress.data(), freq_compress.data() + freq_compress.size());
+                 V4Config c = v4_config_from_dict(cfg);
+                 {
+                     py::gil_scoped_release nogil;
+                     pm->model = std::make_shared<V4Model>(std::move(c), ins, std::move(fm), std::move(fc), threads);
+                 }
+                 return pm;
+             }),
+             py::arg("config"), py::arg("tensors"), py::arg("freq_main"), py::arg("freq_compress"), py::arg("threads"))
+        .def_property_readonly("fingerprint", [](const PyV4Model& p) { return p.model->fingerprint; })
+        .def_property_readonly("n_params", [](const PyV4Model& p) { return p.model->n_params; })
+        .def_property_readonly("threads", [](const PyV4Model& p) { return p.model->pool.size(); });
+
+    // The same methods as Context, so zen5.engine drives either.
+    py::class_<V4Context>(m, "DeepSeekV4Context")
+        .def(py::init([](const PyV4Model& pm, int n_ctx, const std::string& isa, bool qat) {
+                 return std::make_unique<V4Context>(pm.model, n_ctx, isa.empty() ? nullptr : &kernels_for(isa), qat);
+             }),
+             py::arg("model"), py::arg("n_ctx"), py::arg("isa") = "", py::arg("qat") = true, py::keep_alive<1, 2>())
+        .def_property_readonly("isa", &V4Context::isa)
+        .def_property_readonly("qat", &V4Context::qat)
+        .def_property_readonly("kv_type", [](const V4Context&) { return "f32"; })
+        .def_property_readonly("kv_bytes_per_token", &V4Context::bytes_per_token)
+        .def_property_readonly("rebuilt_tokens", &V4Context::rebuilt_tokens)
+        .def("eval", [](V4Context& c, const std::vector<int32_t>& tokens, bool all_logits) -> py::object {
+                 const int n = int(tokens.size());
+                 if (!all_logits) {
+                     py::gil_scoped_release nogil;
+                     c.eval(tokens.data(), n);
+                     return py::none();
+                 }
+                 py::array_t<float> out({py::ssize_t(n), py::ssize_t(c.model().cfg.vocab)});
+                 float* dst = out.mutable_data();
+                 {
+                     py::gil_scoped_release nogil;
+                     c.eval(tokens.data(), n, dst);
+                 }
+                 return out;
+             },
+             py::arg("tokens"), py::arg("all_logits") = false)
+        .def("rewind", [](V4Context& c, int n, std::optional<F32Array> last_logits) {
+                 py::gil_scoped_release nogil;  // a rewind may replay tokens
+                 if (!last_logits) return c.rewind(n);
+                 if (last_logits->ndim() != 1 || last_logits->shape(0) != c.model().cfg.vocab)
+                     throw ZenError("rewind: last_logits must be a (vocab_size,) float32 array");
+                 c.rewind(n, last_logits->data());
+             },
+             py::arg("n"), py::arg("last_logits") = py::none())
+        .def("snapshot", [](const V4Context& c) {
+            std::string s;
+            {
+                py::gil_scoped_release nogil;
+                s = c.snapshot();
+            }
+            return py::bytes(s);
+        })
+        .def("restore", [](V4Context& c, const py::bytes& b) {
+            std::string s = b;
+            py::gil_scoped_release nogil;
+            c.restore(s);
+        }, py::arg("blob"))
+        .def("logits", [](const V4Context& c) {
+            if (!c.logits_valid()) throw ZenError("no logits: evaluate at least one token first");
+            return to_array(c.logits());
+        })
+        // the last eval's expert ids (n, n_layers, top_k) and indexer picks (n, n_layers, index_topk; -1 pads)
+        .def("last_experts", [](const V4Context& c) {
+            const auto& v = c.last_experts();
+            const auto& cfg = c.model().cfg;
+            py::array_t<int32_t> a({py::ssize_t(v.size() / (size_t(cfg.n_layers) * cfg.top_k)), py::ssize_t(cfg.n_layers),
+                                    py::ssize_t(cfg.top_k)});
+            std::memcpy(a.mutable_data(), v.data(), v.size() * 4);
+            return a;
+        })
+        .def("last_selected", [](const V4Context& c) {
+            const auto& v = c.last_selected();
+            const auto& cfg = c.model().cfg;
+            const size_t k = std::max(cfg.index_topk, 1);
+            py::array_t<int32_t> a({py::ssize_t(v.size() / (size_t(cfg.n_layers) * k)), py::ssize_t(cfg.n_layers), py::ssize_t(k)});
+            std::memcpy(a.mutable_data(), v.data(), v.size() * 4);
+            return a;
+        })
+        .def_property_readonly("n_past", &V4Context::n_past)
+        .def_property_readonly("n_ctx", &V4Context::n_ctx);
 
     register_testing(m);
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "deepseek_v4.h"
 #include "model.h"
 
 namespace zen5 {
@@ -57,6 +58,22 @@ py::array_t<float> attn_values(Values kernel, const F32Array& p, const Array& v,
 void register_testing(py::module_& parent) {
     py::module_ m = parent.def_submodule("testing", "kernel-level hooks for the tests: any tier's kernels, one call each");
 
+    // DeepSeek V4's QAT simulations (deepseek_v4.h) on a copy of x: "fp8" / "fp4" per block, "hadamard"
+    m.def("v4_qat", [](const std::string& kind, F32Array x, int block) {
+        py::array_t<float> out(x.size());
+        std::memcpy(out.mutable_data(), x.data(), x.size() * 4);
+        const int n = int(x.size());
+        if (kind == "hadamard") {
+            if (n <= 0 || (n & (n - 1))) throw ZenError("hadamard needs a power-of-two length");
+            v4_hadamard(out.mutable_data(), n);
+        } else {
+            if (block <= 0 || n % block) throw ZenError("the length must be a multiple of the block");
+            if (kind == "fp8") v4_fp8_sim(out.mutable_data(), n, block);
+            else if (kind == "fp4") v4_fp4_sim(out.mutable_data(), n, block);
+            else throw ZenError("kind must be fp8, fp4 or hadamard");
+        }
+        return out;
+    }, py::arg("kind"), py::arg("x"), py::arg("block") = 0);
     m.def("kernel_matmul", [](const std::string& isa, int type, U8Array w, int64_t rows, int64_t cols, F32Array x) {
         const Kernels& k = kernels_for(isa);
         const size_t rb = row_bytes(type, cols);

@@ -1,0 +1,705 @@
+// The DeepSeek V4 forward pass and its state, read top to bottom: embed into hc streams; per
+// layer hc_pre -> RMSNorm -> attention (raw window + compressed rows) -> hc_post, then hc_pre ->
+// RMSNorm -> MoE -> hc_post; the hc head collapse, the final norm and the head.
+//
+// Every token's arithmetic is the same whatever the chunk it arrives in (matmuls keep the kernel
+// table's batch contract; compressor windows, indexer choices and attention are computed per
+// token in position order), so a prefill, a chunked prefill, a decode and a replay after a
+// rewind all give the same bits.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "deepseek_v4.h"
+
+namespace zen5 {
+
+namespace {
+constexpr char kMagic[8] = {'Z', 'E', 'N', '5', 'D', 'S', 'V', '4'};
+constexpr uint32_t kVersion = 1;
+#ifndef ZEN5_VERSION
+#define ZEN5_VERSION "dev"
+#endif
+const uint64_t kBuildId = hash_bytes(ZEN5_VERSION "/dsv4-1", sizeof(ZEN5_VERSION "/dsv4-1") - 1, 1);
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+// torch.nn.functional.softplus (beta 1, threshold 20)
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+void unweighted_rms(float* x, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+    const float r = 1.0f / std::sqrt(ss / float(n) + eps);
+    for (int i = 0; i < n; ++i) x[i] *= r;
+}
+
+struct Header {
+    char magic[8];
+    uint32_t version, header_bytes;
+    uint64_t build_id, fingerprint;
+    uint32_t n_past, qat, logits_valid, n_layers, vocab, raw_from, base;
+    uint32_t pad;
+};
+}  // namespace
+
+V4Context::V4Context(std::shared_ptr<const V4Model> model, int n_ctx, const Kernels* kernels, bool qat)
+    : model_(std::move(model)), k_(kernels ? *kernels : active_kernels()), n_ctx_(n_ctx), qat_(qat) {
+    if (n_ctx_ <= 0) throw ZenError("n_ctx must be positive");
+    const V4Config& c = model_->cfg;
+    st_.resize(c.n_layers);
+    for (int l = 0; l < c.n_layers; ++l) {
+        LayerState& s = st_[l];
+        const int r = c.ratios[l];
+        s.raw.assign(size_t(n_ctx_) * c.head_dim, 0.0f);
+        if (r) s.comp.assign(size_t(n_ctx_ / r + 1) * c.head_dim, 0.0f);
+        if (r == 4) s.idx.assign(size_t(n_ctx_ / 4 + 1) * c.index_dim, 0.0f);
+    }
+    tokens_.assign(n_ctx_, 0);
+    logits_.assign(c.vocab, 0.0f);
+    reset_state();
+    const size_t T = kChunk, D = c.hidden, hc = c.hc_mult, qd = size_t(c.n_heads) * c.head_dim;
+    const size_t ff = std::max<size_t>(c.moe_inter, 1);
+    X_.resize(T * hc * D);
+    xn_.resize(T * D);
+    col_.resize(T * D);
+    out_.resize(T * D);
+    post_.resize(T * hc);
+    comb_.resize(T * hc * hc);
+    qa_.resize(T * c.q_rank);
+    q_.resize(T * qd);
+    kv_.resize(T * c.head_dim);
+    att_.resize(T * qd);
+    oa_.resize(T * c.o_groups * c.o_rank);
+    iq_.resize(T * c.index_heads * std::max(c.index_dim, 1));
+    iw_.resize(T * std::max(c.index_heads, 1));
+    tmp_.resize(T * std::max({hc * D, size_t(2 + hc) * hc, size_t(c.n_experts), D}));
+    tmp2_.resize(T * std::max(hc * D, D));
+    ckv_.resize(T * 2 * std::max(c.head_dim, c.index_dim));
+    cg_.resize(T * 2 * std::max(c.head_dim, c.index_dim));
+    ffn_g_.resize(T * ff);
+    ffn_u_.resize(T * ff);
+    rlog_.resize(T * c.n_experts);
+}
+
+const float* V4Context::freq(int l) const {
+    return model_->cfg.ratios[l] ? model_->freq_compress.data() : model_->freq_main.data();
+}
+
+size_t V4Context::bytes_per_token() const {
+    const V4Config& c = model_->cfg;
+    double b = 0;
+    for (int r : c.ratios) {
+        b += c.head_dim * 4.0;
+        if (r) b += c.head_dim * 4.0 / r;
+        if (r == 4) b += c.index_dim * 4.0 / 4 + 4.0 * 2 * (2 * c.head_dim + 2 * c.index_dim) * 4 / kBlock;
+    }
+    return size_t(b + 0.5);
+}
+
+// ---- state bookkeeping ----------------------------------------------------------------------
+
+int V4Context::in_base() const { return std::max(0, n_past_ / kBlock * kBlock - 4); }
+
+void V4Context::reset_state() {
+    n_past_ = 0;
+    logits_valid_ = false;
+    history_floor_ = 0;
+    for (LayerState& s : st_) {
+        s.ckv.clear(), s.cgate.clear(), s.ikv.clear(), s.igate.clear();
+        s.edge.assign(1, {});  // block 0 starts with no previous window
+    }
+}
+
+void V4Context::truncate(int n) {
+    // n >= in_base(): rows past n are simply not counted; the inputs lists lose positions >= n.
+    const V4Config& c = model_->cfg;
+    const int base = in_base();
+    for (int l = 0; l < c.n_layers; ++l) {
+        LayerState& s = st_[l];
+        const int r = c.ratios[l];
+        if (!r) continue;
+        const size_t keep = size_t(n - base);
+        s.ckv.resize(keep * model_->layers[l].comp.width);
+        s.cgate.resize(keep * model_->layers[l].comp.width);
+        if (r == 4) {
+            s.ikv.resize(keep * model_->layers[l].icomp.width);
+            s.igate.resize(keep * model_->layers[l].icomp.width);
+        }
+        s.edge.resize(size_t(n / kBlock) + 1);
+    }
+    n_past_ = n;
+}
+
+void V4Context::eval(const int32_t* tokens, int n, float* all_logits) {
+    const V4Config& c = model_->cfg;
+    if (n <= 0) return;
+    if (int64_t(n_past_) + n > n_ctx_)
+        throw ContextOverflow("context overflow: " + std::to_string(n_past_) + " cached + " + std::to_string(n) +
+                              " new tokens exceed the context of " + std::to_string(n_ctx_) + " tokens");
+    for (int i = 0; i < n; ++i)
+        if (tokens[i] < 0 || tokens[i] >= c.vocab)
+            throw ZenError("token id " + std::to_string(tokens[i]) + " is outside the vocabulary (" +
+                           std::to_string(c.vocab) + ")");
+    experts_.assign(size_t(n) * c.n_layers * c.top_k, -1);
+    selected_.assign(size_t(n) * c.n_layers * std::max(c.index_topk, 1), -1);
+    for (int i = 0; i < n; i += kChunk) {
+        const int m = std::min(kChunk, n - i);
+        rec_off_ = i;
+        forward_chunk(tokens + i, m, all_logits ? all_logits + size_t(i) * c.vocab : nullptr);
+    }
+    logits_valid_ = true;
+}
+
+void V4Context::rewind(int n, const float* last_logits) {
+    if (n < 0 || n > n_past_)
+        throw ZenError("rewind(" + std::to_string(n) + ") outside [0, " + std::to_string(n_past_) + "]");
+    if (last_logits && n == 0) throw ZenError("rewind(0) has no last position to give logits to");
+    if (n != n_past_) {
+        logits_valid_ = false;
+        if (n >= in_base() && n >= n_past_ / kBlock * kBlock) {
+            truncate(n);
+        } else {
+            // Rebuild the state at the start of n's block, then replay the tokens up to n.
+            int from = n / kBlock * kBlock;
+            const std::vector<int32_t> replay(tokens_.begin() + (from >= history_floor_ ? from : 0), tokens_.begin() + n);
+            if (from < history_floor_ || from == 0) {
+                reset_state();
+                from = 0;
+            } else {
+                const V4Config& c = model_->cfg;
+                for (int l = 0; l < c.n_layers; ++l) {
+                    LayerState& s = st_[l];
+                    if (!c.ratios[l]) continue;
+                    const std::vector<float>& e = s.edge[from / kBlock];
+                    // edge: 4 positions of (kv, gate) for the compressor, then for the indexer
+                    const size_t cw = model_->layers[l].comp.width, iw = model_->layers[l].icomp.width;
+                    s.ckv.clear(), s.cgate.clear(), s.ikv.clear(), s.igate.clear();
+                    s.ckv.assign(e.begin(), e.begin() + 4 * cw);
+                    s.cgate.assign(e.begin() + 4 * cw, e.begin() + 8 * cw);
+                    if (c.ratios[l] == 4) {
+                        s.ikv.assign(e.begin() + 8 * cw, e.begin() + 8 * cw + 4 * iw);
+                        s.igate.assign(e.begin() + 8 * cw + 4 * iw, e.begin() + 8 * cw + 8 * iw);
+                    }
+                    s.edge.resize(size_t(from / kBlock) + 1);
+                }
+                n_past_ = from;
+            }
+            if (!replay.empty()) eval(replay.data(), int(replay.size()));
+            rebuilt_ += int(replay.size());
+        }
+    }
+    if (last_logits) {
+        std::memcpy(logits_.data(), last_logits, sizeof(float) * model_->cfg.vocab);
+        logits_valid_ = true;
+    }
+}
+
+// ---- the forward pass -----------------------------------------------------------------------
+
+void V4Context::matmul(const WeightView& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, int64_t r0,
+                       int64_t r1) {
+    if (r1 < 0) r1 = w.rows;
+    WeightView v = w;
+    if (r0 % kPanelRows) v.panels = nullptr;  // panel kernels start at a band
+    const int nt = model_->pool.size();
+    const int64_t rows = r1 - r0;
+    const int64_t per = std::max<int64_t>(kPanelRows, (rows / (nt * 2) + kPanelRows - 1) / kPanelRows * kPanelRows);
+    const int tasks = int((rows + per - 1) / per);
+    if (tasks <= 1 || int64_t(n) * rows * w.cols < (1 << 16)) return k_.matmul(v, r0, r1, x, n, ldx, y, ldy);
+    model_->pool.run(tasks, [&](int t, int) {
+        const int64_t a = r0 + t * per, b = std::min(r1, a + per);
+        k_.matmul(v, a, b, x, n, ldx, y, ldy);
+    });
+}
+
+void V4Context::rope(float* v, int dim, const float* f, int pos, bool inverse) const {
+    // interleaved pairs (2i, 2i+1) on the last rope_dim values of a dim-wide head
+    const int rd = model_->cfg.rope_dim;
+    float* p = v + dim - rd;
+    for (int i = 0; i < rd / 2; ++i) {
+        const float angle = float(pos) * f[i];
+        const float cs = std::cos(angle), sn = inverse ? -std::sin(angle) : std::sin(angle);
+        const float x0 = p[2 * i], x1 = p[2 * i + 1];
+        p[2 * i] = x0 * cs - x1 * sn;
+        p[2 * i + 1] = x1 * cs + x0 * sn;
+    }
+}
+
+void V4Context::hc_pre(const V4Hc& hc, int n, float* post, float* comb, float* collapsed) {
+    const V4Config& c = model_->cfg;
+    const int H = c.hc_mult, D = c.hidden, HD = H * D, M = (2 + H) * H;
+    float* normed = tmp2_.data();
+    for (int t = 0; t < n; ++t) {
+        std::memcpy(normed + size_t(t) * HD, X_.data() + size_t(t) * HD, sizeof(float) * HD);
+        unweighted_rms(normed + size_t(t) * HD, HD, c.rms_eps);
+    }
+    float* mix = tmp_.data();
+    matmul(hc.fn, normed, n, HD, mix, M);
+    for (int t = 0; t < n; ++t) {
+        const float* m = mix + size_t(t) * M;
+        float pre[16], cm[16 * 16];
+        for (int j = 0; j < H; ++j) {
+            pre[j] = sigmoid(m[j] * hc.scale[0] + hc.base[j]) + c.hc_eps;
+            post[t * H + j] = 2.0f * sigmoid(m[H + j] * hc.scale[1] + hc.base[H + j]);
+        }
+        for (int i = 0; i < H; ++i) {  // row softmax, + eps
+            float mx = kNegInf, sum = 0.0f;
+            for (int j = 0; j < H; ++j) {
+                cm[i * H + j] = m[2 * H + i * H + j] * hc.scale[2] + hc.base[2 * H + i * H + j];
+                mx = std::max(mx, cm[i * H + j]);
+            }
+            for (int j = 0; j < H; ++j) sum += (cm[i * H + j] = std::exp(cm[i * H + j] - mx));
+            for (int j = 0; j < H; ++j) cm[i * H + j] = cm[i * H + j] / sum + c.hc_eps;
+        }
+        auto cols = [&] {
+            for (int j = 0; j < H; ++j) {
+                float s = 0.0f;
+                for (int i = 0; i < H; ++i) s += cm[i * H + j];
+                for (int i = 0; i < H; ++i) cm[i * H + j] /= s + c.hc_eps;
+            }
+        };
+        cols();
+        for (int it = 1; it < c.hc_iters; ++it) {
+            for (int i = 0; i < H; ++i) {
+                float s = 0.0f;
+                for (int j = 0; j < H; ++j) s += cm[i * H + j];
+                for (int j = 0; j < H; ++j) cm[i * H + j] /= s + c.hc_eps;
+            }
+            cols();
+        }
+        std::memcpy(comb + size_t(t) * H * H, cm, sizeof(float) * H * H);
+        const float* x = X_.data() + size_t(t) * HD;
+        float* y = collapsed + size_t(t) * D;
+        for (int d = 0; d < D; ++d) {
+            float s = 0.0f;
+            for (int j = 0; j < H; ++j) s += pre[j] * x[j * D + d];
+            y[d] = s;
+        }
+    }
+}
+
+void V4Context::hc_post(const float* out, const float* post, const float* comb, int n) {
+    // new stream k = post[k] * out + sum over j of comb[j][k] * old stream j (comb transposed)
+    const V4Config& c = model_->cfg;
+    const int H = c.hc_mult, D = c.hidden;
+    std::vector<float> old(size_t(H) * D);
+    for (int t = 0; t < n; ++t) {
+        float* x = X_.data() + size_t(t) * H * D;
+        std::memcpy(old.data(), x, sizeof(float) * H * D);
+        const float* cm = comb + size_t(t) * H * H;
+        for (int k = 0; k < H; ++k)
+            for (int d = 0; d < D; ++d) {
+                float s = 0.0f;
+                for (int j = 0; j < H; ++j) s += cm[j * H + k] * old[size_t(j) * D + d];
+                x[size_t(k) * D + d] = post[t * H + k] * out[size_t(t) * D + d] + s;
+            }
+    }
+}
+
+void V4Context::compress(int l, const V4Compressor& cp, bool indexer, int n, const float* x) {
+    // Project, add ape to the gates, append to the pending inputs; each window that closes emits
+    // one row: a per-channel softmax over its slots (ratio 4: the previous window's first half and
+    // this window's second half), RMSNorm, RoPE at the window's first position, QAT rounding.
+    const V4Config& c = model_->cfg;
+    LayerState& s = st_[l];
+    const int r = indexer ? 4 : c.ratios[l], W = cp.width, hd = cp.head;
+    matmul(cp.wkv, x, n, c.hidden, ckv_.data(), W);
+    matmul(cp.wgate, x, n, c.hidden, cg_.data(), W);
+    std::vector<float>& kvs = indexer ? s.ikv : s.ckv;
+    std::vector<float>& gs = indexer ? s.igate : s.cgate;
+    std::vector<float>& rows = indexer ? s.idx : s.comp;
+    const int base = in_base();
+    std::vector<float> row(hd), wts(2 * r);
+    for (int t = 0; t < n; ++t) {
+        const int p = n_past_ + t;
+        float* g = cg_.data() + size_t(t) * W;
+        for (int i = 0; i < W; ++i) g[i] += cp.ape[(p % r) * W + i];
+        kvs.insert(kvs.end(), ckv_.data() + size_t(t) * W, ckv_.data() + size_t(t + 1) * W);
+        gs.insert(gs.end(), g, g + W);
+        if ((p + 1) % r) continue;
+        const int w = (p + 1) / r - 1, start = w * r;
+        // slots: (position, channel offset); ratio 4 puts the previous window's first half first
+        int sp[16], so[16], ns = 0;
+        if (r == 4) {
+            if (w > 0)
+                for (int j = 0; j < 4; ++j) sp[ns] = start - 4 + j, so[ns++] = 0;
+            for (int j = 0; j < 4; ++j) sp[ns] = start + j, so[ns++] = hd;
+        }
+        for (int ch = 0; ch < hd; ++ch) {
+            float mx = kNegInf, sum = 0.0f, acc = 0.0f;
+            const int cnt = r == 4 ? ns : r;
+            for (int j = 0; j < cnt; ++j) {
+                const int pj = r == 4 ? sp[j] : start + j, off = r == 4 ? so[j] : 0;
+                wts[j] = gs[size_t(pj - base) * W + off + ch];
+                mx = std::max(mx, wts[j]);
+            }
+            for (int j = 0; j < cnt; ++j) sum += (wts[j] = std::exp(wts[j] - mx));
+            for (int j = 0; j < cnt; ++j) {
+                const int pj = r == 4 ? sp[j] : start + j, off = r == 4 ? so[j] : 0;
+                acc += kvs[size_t(pj - base) * W + off + ch] * (wts[j] / sum);
+            }
+            row[ch] = acc;
+        }
+        float* dst = rows.data() + size_t(w) * hd;
+        k_.rmsnorm(row.data(), cp.norm, hd, c.rms_eps, dst);
+        rope(dst, hd, model_->freq_compress.data(), start, false);
+        if (qat_) {
+            if (indexer) {
+                v4_hadamard(dst, hd);
+                v4_fp4_sim(dst, hd, 32);
+            } else {
+                v4_fp8_sim(dst, hd - c.rope_dim, 64);
+            }
+        }
+        if ((p + 1) % kBlock == 0) {
+            // the inputs of the 4 positions before a block boundary: where a rewind that
+            // rebuilds the next block starts (ratio 4 reads them as the overlap)
+            std::vector<float>& e = s.edge.size() > size_t((p + 1) / kBlock) ? s.edge[(p + 1) / kBlock]
+                                                                              : s.edge.emplace_back();
+            if (!indexer) e.clear();
+            const size_t first = size_t(p - 3 - base) * W;
+            e.insert(e.end(), kvs.begin() + first, kvs.begin() + first + 4 * W);
+            e.insert(e.end(), gs.begin() + first, gs.begin() + first + 4 * W);
+        }
+    }
+}
+
+void V4Context::attention(int l, int n, const float* x, float* out) {
+    const V4Config& c = model_->cfg;
+    const V4Layer& L = model_->layers[l];
+    LayerState& s = st_[l];
+    const int H = c.n_heads, hd = c.head_dim, qd = H * hd, r = L.ratio, rd = c.rope_dim;
+    const float* f = freq(l);
+    // Q: low rank, weighted norm, up, per-head unweighted norm, RoPE on each head's tail
+    matmul(L.wq_a, x, n, c.hidden, qa_.data(), c.q_rank);
+    for (int t = 0; t < n; ++t) k_.rmsnorm(qa_.data() + size_t(t) * c.q_rank, L.q_norm, c.q_rank, c.rms_eps, qa_.data() + size_t(t) * c.q_rank);
+    matmul(L.wq_b, qa_.data(), n, c.q_rank, q_.data(), qd);
+    for (int t = 0; t < n; ++t)
+        for (int h = 0; h < H; ++h) {
+            float* qh = q_.data() + size_t(t) * qd + size_t(h) * hd;
+            unweighted_rms(qh, hd, c.rms_eps);
+            rope(qh, hd, f, n_past_ + t, false);
+        }
+    // KV: one shared head, weighted norm, RoPE, FP8 simulation of the non-rope part
+    matmul(L.wkv, x, n, c.hidden, kv_.data(), hd);
+    for (int t = 0; t < n; ++t) {
+        float* row = s.raw.data() + size_t(n_past_ + t) * hd;
+        k_.rmsnorm(kv_.data() + size_t(t) * hd, L.kv_norm, hd, c.rms_eps, row);
+        rope(row, hd, f, n_past_ + t, false);
+        if (qat_) v4_fp8_sim(row, hd - rd, 64);
+    }
+    const int IH = c.index_heads, id = c.index_dim;
+    if (r) compress(l, L.comp, false, n, x);
+    if (r == 4) {
+        compress(l, L.icomp, true, n, x);
+        matmul(L.iwq_b, qa_.data(), n, c.q_rank, iq_.data(), IH * id);
+        matmul(L.iweights, x, n, c.hidden, iw_.data(), IH);
+        for (int t = 0; t < n; ++t)
+            for (int h = 0; h < IH; ++h) {
+                float* qh = iq_.data() + (size_t(t) * IH + h) * id;
+                rope(qh, id, model_->freq_compress.data(), n_past_ + t, false);
+                if (qat_) {
+                    v4_hadamard(qh, id);
+                    v4_fp4_sim(qh, id, 32);
+                }
+            }
+    }
+    // Which compressed rows each token sees: ratio 128 all complete windows, ratio 4 the
+    // indexer's top-k of them (sum over heads of w_h relu(q_h . k_s) / sqrt(id)), ascending.
+    const int topk = std::max(c.index_topk, 1);
+    std::vector<int32_t> sel(size_t(n) * topk);
+    std::vector<int> nsel(n, 0);
+    if (r == 4) {
+        const float hscale = 1.0f / std::sqrt(float(IH)), dscale = 1.0f / std::sqrt(float(id));
+        model_->pool.run(n, [&](int t, int) {
+            const int p = n_past_ + t, vis = (p + 1) / 4;
+            std::vector<std::pair<float, int>> sc(vis);
+            for (int si = 0; si < vis; ++si) {
+                const float* k = s.idx.data() + size_t(si) * id;
+                float total = 0.0f;
+                for (int h = 0; h < IH; ++h) {
+                    const float d = k_.dot(iq_.data() + (size_t(t) * IH + h) * id, k, id);
+                    total += std::max(d, 0.0f) * dscale * (iw_[size_t(t) * IH + h] * hscale);
+                }
+                sc[si] = {total, si};
+            }
+            const int k = std::min(c.index_topk, vis);
+            std::partial_sort(sc.begin(), sc.begin() + k, sc.end(), [](const auto& a, const auto& b) {
+                return a.first > b.first || (a.first == b.first && a.second < b.second);
+            });
+            int32_t* out_sel = sel.data() + size_t(t) * topk;
+            for (int i = 0; i < k; ++i) out_sel[i] = sc[i].second;
+            std::sort(out_sel, out_sel + k);
+            nsel[t] = k;
+        });
+    }
+    for (int t = 0; t < n; ++t) {
+        int32_t* rec = selected_.data() + (size_t(rec_off_ + t) * c.n_layers + l) * topk;
+        std::fill(rec, rec + topk, -1);
+        for (int i = 0; i < nsel[t]; ++i) rec[i] = sel[size_t(t) * topk + i];
+    }
+    // Attention per (token, head): raw window rows then compressed rows, a sink in the
+    // denominator, values = keys; inverse RoPE on the output's tail.
+    const float scale = 1.0f / std::sqrt(float(hd));
+    model_->pool.run(n * H, [&](int task, int) {
+        const int t = task / H, h = task % H, p = n_past_ + t;
+        const float* qh = q_.data() + size_t(t) * qd + size_t(h) * hd;
+        const int lo = std::max(0, p - c.window + 1), nraw = p - lo + 1;
+        const int ncomp = r == 4 ? nsel[t] : r ? (p + 1) / r : 0;
+        std::vector<const float*> keys(size_t(nraw + ncomp));
+        for (int i = 0; i < nraw; ++i) keys[i] = s.raw.data() + size_t(lo + i) * hd;
+        for (int i = 0; i < ncomp; ++i)
+            keys[nraw + i] = s.comp.data() + size_t(r == 4 ? sel[size_t(t) * topk + i] : i) * hd;
+        std::vector<float> sc(keys.size());
+        float mx = L.sink[h];
+        for (size_t i = 0; i < keys.size(); ++i) mx = std::max(mx, sc[i] = k_.dot(qh, keys[i], hd) * scale);
+        float sum = std::exp(L.sink[h] - mx);
+        for (float& v : sc) sum += (v = std::exp(v - mx));
+        float* o = att_.data() + size_t(t) * qd + size_t(h) * hd;
+        std::fill(o, o + hd, 0.0f);
+        for (size_t i = 0; i < keys.size(); ++i) k_.axpy(sc[i] / sum, keys[i], o, hd);
+        rope(o, hd, f, p, true);
+    });
+    // grouped low-rank output: group g's heads through its rows of wo_a, then wo_b
+    const int G = c.o_groups, gin = qd / G, orow = G * c.o_rank;
+    for (int g = 0; g < G; ++g)
+        matmul(L.wo_a, att_.data() + size_t(g) * gin, n, qd, oa_.data(), orow, int64_t(g) * c.o_rank,
+               int64_t(g + 1) * c.o_rank);
+    matmul(L.wo_b, oa_.data(), n, orow, out, c.hidden);
+}
+
+void V4Context::moe(int l, int n, const int32_t* tokens, const float* x, float* out) {
+    const V4Config& c = model_->cfg;
+    const V4Layer& L = model_->layers[l];
+    const int D = c.hidden, E = c.n_experts, K = c.top_k, F = c.moe_inter;
+    matmul(L.gate, x, n, D, rlog_.data(), E);
+    std::vector<int> ids(size_t(n) * K);
+    std::vector<float> wts(size_t(n) * K);
+    for (int t = 0; t < n; ++t) {
+        float* sc = rlog_.data() + size_t(t) * E;
+        for (int e = 0; e < E; ++e) sc[e] = std::sqrt(softplus(sc[e]));
+        int* id = ids.data() + size_t(t) * K;
+        if (L.hash) {
+            std::copy(L.tid2eid + size_t(tokens[t]) * K, L.tid2eid + size_t(tokens[t] + 1) * K, id);
+        } else {
+            std::vector<std::pair<float, int>> biased(E);
+            for (int e = 0; e < E; ++e) biased[e] = {sc[e] + L.gate_bias[e], e};
+            std::partial_sort(biased.begin(), biased.begin() + K, biased.end(), [](const auto& a, const auto& b) {
+                return a.first > b.first || (a.first == b.first && a.second < b.second);
+            });
+            for (int k = 0; k < K; ++k) id[k] = biased[k].second;
+        }
+        float sum = 0.0f;
+        for (int k = 0; k < K; ++k) sum += (wts[size_t(t) * K + k] = sc[id[k]]);
+        for (int k = 0; k < K; ++k) wts[size_t(t) * K + k] = wts[size_t(t) * K + k] / (sum + 1e-20f) * c.route_scale;
+        int32_t* rec = experts_.data() + (size_t(rec_off_ + t) * c.n_layers + l) * K;
+        std::copy(id, id + K, rec);
+        std::sort(rec, rec + K);
+    }
+    auto swiglu = [&](int m) {  // ffn_g_ = silu(min(g, limit)) * clamp(u, -limit, limit)
+        const float lim = c.swiglu_limit;
+        for (size_t i = 0; i < size_t(m) * F; ++i) {
+            if (lim > 0) {
+                ffn_g_[i] = std::min(ffn_g_[i], lim);
+                ffn_u_[i] = std::min(std::max(ffn_u_[i], -lim), lim);
+            }
+        }
+        for (int t = 0; t < m; ++t)
+            k_.swiglu(ffn_g_.data() + size_t(t) * F, ffn_u_.data() + size_t(t) * F, F, ffn_g_.data() + size_t(t) * F);
+    };
+    std::fill(out, out + size_t(n) * D, 0.0f);
+    float* xs = tmp2_.data();
+    float* ys = tmp_.data();
+    // experts in id order: a token adds its experts' outputs in ascending id order whatever its batch
+    for (int e = 0; e < E; ++e) {
+        std::vector<std::pair<int, float>> who;
+        for (int t = 0; t < n; ++t)
+            for (int k = 0; k < K; ++k)
+                if (ids[size_t(t) * K + k] == e) who.push_back({t, wts[size_t(t) * K + k]});
+        if (who.empty()) continue;
+        const int m = int(who.size());
+        for (int i = 0; i < m; ++i) std::memcpy(xs + size_t(i) * D, x + size_t(who[i].first) * D, sizeof(float) * D);
+        matmul(L.w1[e], xs, m, D, ffn_g_.data(), F);
+        matmul(L.w3[e], xs, m, D, ffn_u_.data(), F);
+        swiglu(m);
+        matmul(L.w2[e], ffn_g_.data(), m, F, ys, D);
+        for (int i = 0; i < m; ++i) k_.axpy(who[i].second, ys + size_t(i) * D, out + size_t(who[i].first) * D, D);
+    }
+    matmul(L.sw1, x, n, D, ffn_g_.data(), F);
+    matmul(L.sw3, x, n, D, ffn_u_.data(), F);
+    swiglu(n);
+    matmul(L.sw2, ffn_g_.data(), n, F, ys, D);
+    for (int t = 0; t < n; ++t) k_.add(out + size_t(t) * D, ys + size_t(t) * D, D);
+}
+
+void V4Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
+    const V4Model& m = *model_;
+    const V4Config& c = m.cfg;
+    const int D = c.hidden, H = c.hc_mult, HD = H * D;
+    for (int t = 0; t < n; ++t) {
+        tokens_[n_past_ + t] = tokens[t];
+        float* x = X_.data() + size_t(t) * HD;
+        k_.dequant_row(m.embed.type, m.embed.row(tokens[t]), D, x);
+        for (int j = 1; j < H; ++j) std::memcpy(x + size_t(j) * D, x, sizeof(float) * D);
+    }
+    for (int l = 0; l < c.n_layers; ++l) {
+        const V4Layer& L = m.layers[l];
+        hc_pre(L.hc_attn, n, post_.data(), comb_.data(), col_.data());
+        for (int t = 0; t < n; ++t) k_.rmsnorm(col_.data() + size_t(t) * D, L.attn_norm, D, c.rms_eps, xn_.data() + size_t(t) * D);
+        attention(l, n, xn_.data(), out_.data());
+        hc_post(out_.data(), post_.data(), comb_.data(), n);
+        hc_pre(L.hc_ffn, n, post_.data(), comb_.data(), col_.data());
+        for (int t = 0; t < n; ++t) k_.rmsnorm(col_.data() + size_t(t) * D, L.ffn_norm, D, c.rms_eps, xn_.data() + size_t(t) * D);
+        moe(l, n, tokens, xn_.data(), out_.data());
+        hc_post(out_.data(), post_.data(), comb_.data(), n);
+    }
+    // the inputs older than the (possibly new) block's overlap are no longer needed
+    const int old_base = in_base();
+    n_past_ += n;
+    const int drop = in_base() - old_base;
+    if (drop > 0)
+        for (int l = 0; l < c.n_layers; ++l) {
+            LayerState& s = st_[l];
+            if (!c.ratios[l]) continue;
+            const size_t cw = m.layers[l].comp.width, iw = m.layers[l].icomp.width;
+            s.ckv.erase(s.ckv.begin(), s.ckv.begin() + drop * cw);
+            s.cgate.erase(s.cgate.begin(), s.cgate.begin() + drop * cw);
+            if (c.ratios[l] == 4) {
+                s.ikv.erase(s.ikv.begin(), s.ikv.begin() + drop * iw);
+                s.igate.erase(s.igate.begin(), s.igate.begin() + drop * iw);
+            }
+        }
+    // head: the hc collapse (no Sinkhorn), the final norm, the logits
+    const int first = all_logits ? 0 : n - 1;
+    for (int t = first; t < n; ++t) {
+        float* normed = tmp2_.data();
+        std::memcpy(normed, X_.data() + size_t(t) * HD, sizeof(float) * HD);
+        unweighted_rms(normed, HD, c.rms_eps);
+        float mix[16];
+        k_.matmul(m.hc_head.fn, 0, H, normed, 1, HD, mix, H);
+        float* col = col_.data() + size_t(t) * D;
+        std::fill(col, col + D, 0.0f);
+        for (int j = 0; j < H; ++j) {
+            const float w = sigmoid(mix[j] * m.hc_head.scale[0] + m.hc_head.base[j]) + c.hc_eps;
+            for (int d = 0; d < D; ++d) col[d] += w * X_[size_t(t) * HD + size_t(j) * D + d];
+        }
+        k_.rmsnorm(col, m.norm, D, c.rms_eps, xn_.data() + size_t(t) * D);
+    }
+    if (all_logits) {
+        matmul(m.head, xn_.data(), n, D, all_logits, c.vocab);
+        std::memcpy(logits_.data(), all_logits + size_t(n - 1) * c.vocab, sizeof(float) * c.vocab);
+    } else {
+        matmul(m.head, xn_.data() + size_t(n - 1) * D, 1, D, logits_.data(), c.vocab);
+    }
+}
+
+// ---- snapshots ------------------------------------------------------------------------------
+// Compact: the tokens, the last logits, and per layer the raw rows a continuation or a rewind
+// within the current block can read ([block start - window, n)), every compressed and indexer
+// row, and the pending compressor inputs. A rewind below the restored block replays from 0.
+
+std::string V4Context::snapshot() const {
+    const V4Config& c = model_->cfg;
+    const int A = n_past_ / kBlock * kBlock, raw_from = std::max(0, A - c.window);
+    Header h{};
+    std::memcpy(h.magic, kMagic, 8);
+    h.version = kVersion, h.header_bytes = sizeof(Header), h.build_id = kBuildId;
+    h.fingerprint = model_->fingerprint;
+    h.n_past = n_past_, h.qat = qat_, h.logits_valid = logits_valid_, h.n_layers = c.n_layers, h.vocab = c.vocab;
+    h.raw_from = raw_from, h.base = in_base();
+    std::string out(reinterpret_cast<const char*>(&h), sizeof h);
+    auto put = [&](const void* p, size_t bytes) { out.append(static_cast<const char*>(p), bytes); };
+    put(tokens_.data(), size_t(n_past_) * 4);
+    if (logits_valid_) put(logits_.data(), size_t(c.vocab) * 4);
+    for (int l = 0; l < c.n_layers; ++l) {
+        const LayerState& s = st_[l];
+        const int r = c.ratios[l];
+        put(s.raw.data() + size_t(raw_from) * c.head_dim, size_t(n_past_ - raw_from) * c.head_dim * 4);
+        if (!r) continue;
+        put(s.comp.data(), size_t(n_past_ / r) * c.head_dim * 4);
+        put(s.ckv.data(), s.ckv.size() * 4);
+        put(s.cgate.data(), s.cgate.size() * 4);
+        if (r == 4) {
+            put(s.idx.data(), size_t(n_past_ / 4) * c.index_dim * 4);
+            put(s.ikv.data(), s.ikv.size() * 4);
+            put(s.igate.data(), s.igate.size() * 4);
+        }
+    }
+    return out;
+}
+
+void V4Context::restore(const std::string& blob) {
+    const V4Config& c = model_->cfg;
+    Header h;
+    if (blob.size() < sizeof h) throw BadSnapshot("snapshot too short");
+    std::memcpy(&h, blob.data(), sizeof h);
+    if (std::memcmp(h.magic, kMagic, 8))
+        throw BadSnapshot(std::memcmp(h.magic, "ZEN5KV", 6) ? "not a zen5 DeepSeek V4 snapshot"
+                                                             : "a KV-cache snapshot of another architecture, not DeepSeek V4 state");
+    if (h.version != kVersion || h.header_bytes != sizeof h || h.build_id != kBuildId)
+        throw BadSnapshot("snapshot from another zen5 build or format version");
+    if (h.fingerprint != model_->fingerprint) throw ModelMismatch("snapshot was taken with a different model");
+    if (h.qat != uint32_t(qat_)) throw ModelMismatch("snapshot was taken with the QAT simulations " + std::string(h.qat ? "on" : "off"));
+    if (int64_t(h.n_past) > n_ctx_)
+        throw ContextOverflow("snapshot of " + std::to_string(h.n_past) + " tokens exceeds the context of " +
+                              std::to_string(n_ctx_) + " tokens");
+    const int n = int(h.n_past), A = n / kBlock * kBlock, raw_from = std::max(0, A - c.window);
+    const int base = std::max(0, A - 4);
+    if (int(h.raw_from) != raw_from || int(h.base) != base || int(h.n_layers) != c.n_layers || int(h.vocab) != c.vocab)
+        throw BadSnapshot("snapshot header is inconsistent");
+    size_t need = sizeof h + size_t(n) * 4 + (h.logits_valid ? size_t(c.vocab) * 4 : 0);
+    for (int l = 0; l < c.n_layers; ++l) {
+        const int r = c.ratios[l];
+        need += size_t(n - raw_from) * c.head_dim * 4;
+        if (!r) continue;
+        need += size_t(n / r) * c.head_dim * 4 + 2 * size_t(n - base) * model_->layers[l].comp.width * 4;
+        if (r == 4) need += size_t(n / 4) * c.index_dim * 4 + 2 * size_t(n - base) * model_->layers[l].icomp.width * 4;
+    }
+    if (blob.size() != need)
+        throw BadSnapshot("snapshot holds " + std::to_string(blob.size()) + " bytes, expected " + std::to_string(need));
+    const char* p = blob.data() + sizeof h;
+    auto get = [&](void* dst, size_t bytes) { std::memcpy(dst, p, bytes), p += bytes; };
+    for (int i = 0; i < n; ++i) {
+        int32_t t;
+        std::memcpy(&t, p + 4 * size_t(i), 4);
+        if (t < 0 || t >= c.vocab) throw BadSnapshot("snapshot token ids outside the vocabulary");
+    }
+    // valid: now replace the state
+    reset_state();
+    get(tokens_.data(), size_t(n) * 4);
+    logits_valid_ = h.logits_valid;
+    if (logits_valid_) get(logits_.data(), size_t(c.vocab) * 4);
+    for (int l = 0; l < c.n_layers; ++l) {
+        LayerState& s = st_[l];
+        const int r = c.ratios[l];
+        std::fill(s.raw.begin(), s.raw.end(), 0.0f);
+        get(s.raw.data() + size_t(raw_from) * c.head_dim, size_t(n - raw_from) * c.head_dim * 4);
+        if (!r) continue;
+        const size_t cw = model_->layers[l].comp.width, iw = model_->layers[l].icomp.width;
+        get(s.comp.data(), size_t(n / r) * c.head_dim * 4);
+        s.ckv.resize(size_t(n - base) * cw), s.cgate.resize(size_t(n - base) * cw);
+        get(s.ckv.data(), s.ckv.size() * 4);
+        get(s.cgate.data(), s.cgate.size() * 4);
+        if (r == 4) {
+            get(s.idx.data(), size_t(n / 4) * c.index_dim * 4);
+            s.ikv.resize(size_t(n - base) * iw), s.igate.resize(size_t(n - base) * iw);
+            get(s.ikv.data(), s.ikv.size() * 4);
+            get(s.igate.data(), s.igate.size() * 4);
+        }
+        s.edge.assign(size_t(A / kBlock) + 1, {});
+        if (A > 0) {  // the current block's edge inputs lead the lists
+            std::vector<float>& e = s.edge[A / kBlock];
+            e.insert(e.end(), s.ckv.begin(), s.ckv.begin() + 4 * cw);
+            e.insert(e.end(), s.cgate.begin(), s.cgate.begin() + 4 * cw);
+            if (r == 4) {
+                e.insert(e.end(), s.ikv.begin(), s.ikv.begin() + 4 * iw);
+                e.insert(e.end(), s.igate.begin(), s.igate.begin() + 4 * iw);
+            }
+        }
+    }
+    n_past_ = n;
+    history_floor_ = A;
+}
+
+}  // namespace zen5

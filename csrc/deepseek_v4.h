@@ -1,0 +1,183 @@
+// DeepSeek V4 (Flash): the model and one sequence's state, beside the Llama-family decoder
+// (decoder.h) with the same contract: eval appends tokens, rewind forgets positions exactly,
+// snapshot/restore is bit exact. ../shared/specs/deepseek-v4-architecture.md is the design; the
+// independent oracle is transformers' DeepseekV4ForCausalLM (tests/test_deepseek_v4.py).
+//
+// What differs from a Llama decoder, and where it lives here:
+//  - the residual is hc_mult streams mixed by hyper-connections (hc_pre/hc_post, Sinkhorn);
+//  - attention has one shared K=V head with low-rank Q, a per-head sink, RoPE on the tail of each
+//    head (undone on the output) and a grouped low-rank output projection;
+//  - each layer sees a raw window of the last `window` rows plus compressed rows: ratio 4 (an
+//    overlapping window of 8 slots, picked by the lightning indexer's top-k) or ratio 128 (all);
+//  - the FFN is a mixture of experts (sqrt-softplus scores, selection bias; the first layers
+//    routed by token id) plus a shared expert, with SwiGLU clamps;
+//  - the QAT simulations of the official model (FP8 on KV rows, Hadamard + FP4 in the indexer),
+//    switched off to compare with transformers, which leaves them out.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model.h"
+
+namespace zen5 {
+
+struct V4Config {
+    int vocab = 0, hidden = 0, n_layers = 0, n_heads = 0, head_dim = 0, rope_dim = 0;
+    int q_rank = 0, o_groups = 0, o_rank = 0, window = 0;
+    std::vector<int> ratios;  // per layer: 0 (window only), 4 (with the indexer) or 128
+    int index_heads = 0, index_dim = 0, index_topk = 0;
+    int n_experts = 0, top_k = 0, moe_inter = 0, n_hash_layers = 0;
+    float route_scale = 1.0f, swiglu_limit = 0.0f;
+    int hc_mult = 0, hc_iters = 0;
+    float hc_eps = 1e-6f, rms_eps = 1e-6f;
+    int n_ctx_train = 0;
+};
+
+// One compressor: kv and gate projections of `width` (2 * head for ratio 4: two halves that
+// feed this window and the next one; head for ratio 128), the position bias added to the gate
+// (ape, (ratio, width)) and the RMSNorm of an emitted row (head).
+struct V4Compressor {
+    WeightView wkv, wgate;
+    const float* ape = nullptr;
+    const float* norm = nullptr;
+    int width = 0, head = 0;
+};
+
+// A hyper-connection's parameters: fn ((2 + hc) * hc, hc * hidden), base, scale[3].
+struct V4Hc {
+    WeightView fn;
+    const float* base = nullptr;
+    const float* scale = nullptr;
+};
+
+struct V4Layer {
+    int ratio = 0;
+    bool hash = false;  // experts picked by token id (tid2eid), not by score
+    V4Hc hc_attn, hc_ffn;
+    const float *attn_norm = nullptr, *ffn_norm = nullptr, *q_norm = nullptr, *kv_norm = nullptr;
+    const float* sink = nullptr;  // (n_heads)
+    WeightView wq_a, wq_b, wkv, wo_a, wo_b;
+    V4Compressor comp;            // ratio != 0
+    V4Compressor icomp;           // ratio 4: the indexer's own compressor
+    WeightView iwq_b, iweights;   // ratio 4: indexer queries (from the Q low-rank vector), head weights
+    WeightView gate;              // router (n_experts, hidden)
+    const float* gate_bias = nullptr;   // selection bias (score-routed layers)
+    const int32_t* tid2eid = nullptr;   // (vocab, top_k) (hash layers)
+    std::vector<WeightView> w1, w2, w3;  // routed experts
+    WeightView sw1, sw2, sw3;            // shared expert
+};
+
+class V4Model {
+  public:
+    // Tensors under the official names (embed.weight, layers.0.attn.wq_a.weight, ...); matrices
+    // F32/F16/BF16, used in place; vectors any float type (copied to F32); tid2eid I32.
+    V4Model(V4Config cfg, const std::vector<TensorIn>& tensors, std::vector<float> freq_main,
+            std::vector<float> freq_compress, int threads);
+
+    const V4Config cfg;
+    WeightView embed, head;
+    const float* norm = nullptr;
+    V4Hc hc_head;  // fn (hc, hc * hidden), base (hc), scale (1)
+    std::vector<V4Layer> layers;
+    std::vector<float> freq_main, freq_compress;  // (rope_dim / 2): ratio-0 layers, compressed ones
+    uint64_t fingerprint = 0;
+    int64_t n_params = 0;
+    mutable ThreadPool pool;
+
+  private:
+    std::vector<std::unique_ptr<std::vector<float>>> floats_;  // vectors converted to F32
+    std::vector<std::unique_ptr<std::vector<int32_t>>> ints_;
+    AlignedBytes arena_;
+    std::vector<std::unique_ptr<FloatPanels>> panels_;
+};
+
+// The QAT simulations (exposed for the tests' bit-exact checks against numpy + ml_dtypes).
+// x[0:n] -> e4m3 values times a power-of-two scale per block of `block` (n % block == 0):
+// scale = 2^ceil(log2(max(amax, 1e-4) / 448)), round to nearest even.
+void v4_fp8_sim(float* x, int n, int block);
+// The same onto the e2m1 grid {0, .5, 1, 1.5, 2, 3, 4, 6}: scale = 2^ceil(log2(max(amax, 1e-4) / 6)).
+void v4_fp4_sim(float* x, int n, int block);
+// In-place Sylvester Hadamard transform of n (a power of two) values, scaled by 1/sqrt(n).
+void v4_hadamard(float* x, int n);
+
+class V4Context {
+  public:
+    // qat: run the official model's FP8/FP4/Hadamard simulations (false: the plain math that
+    // transformers computes, for the oracle comparison).
+    V4Context(std::shared_ptr<const V4Model> model, int n_ctx, const Kernels* kernels = nullptr, bool qat = true);
+    const char* isa() const { return k_.name; }
+    bool qat() const { return qat_; }
+    // Bytes of state one more token adds: its raw row in every layer plus its share of the
+    // compressed and indexer rows.
+    size_t bytes_per_token() const;
+
+    void eval(const int32_t* tokens, int n, float* all_logits = nullptr);
+    // Exact: within the current 128-position block a truncation; further back, the state at the
+    // block start is rebuilt (rows truncated, the ratio-4 overlap inputs saved at that boundary)
+    // and the rest of the tokens are evaluated again. last_logits as in Context::rewind.
+    void rewind(int n, const float* last_logits = nullptr);
+    std::string snapshot() const;
+    void restore(const std::string& blob);
+
+    int n_past() const { return n_past_; }
+    int n_ctx() const { return n_ctx_; }
+    bool logits_valid() const { return logits_valid_; }
+    const std::vector<float>& logits() const { return logits_; }
+    const V4Model& model() const { return *model_; }
+    int rebuilt_tokens() const { return rebuilt_; }  // tokens re-evaluated by rewinds so far
+
+    // Expert ids picked for each token of the last eval, (n, n_layers, top_k), and the indexer
+    // rows each token attended to in ratio-4 layers ((n, n_layers, index_topk), -1 padded): the
+    // discrete decisions the tests compare with the oracle's.
+    const std::vector<int32_t>& last_experts() const { return experts_; }
+    const std::vector<int32_t>& last_selected() const { return selected_; }
+
+    static constexpr int kChunk = 128;  // tokens per forward step
+    static constexpr int kBlock = 128;  // rewind's block: compressor inputs are kept since its start
+
+  private:
+    struct LayerState {
+        std::vector<float> raw;     // (n_ctx, head_dim): every position's KV row
+        std::vector<float> comp;    // (n_ctx / ratio, head_dim) compressed rows
+        std::vector<float> idx;     // (n_ctx / 4, index_dim) indexer rows (ratio 4)
+        // compressor inputs (kv, gate + ape) of positions [in_base, n_past): the pending windows
+        // and, for ratio 4, the previous window whose first half overlaps the next row
+        std::vector<float> ckv, cgate, ikv, igate;
+        // inputs of positions [b*kBlock - 4, b*kBlock) at each block boundary b (compressor kv,
+        // gate, then the indexer's): what a rebuilt block starts from (ratio 4's overlap)
+        std::vector<std::vector<float>> edge;
+    };
+    void forward_chunk(const int32_t* tokens, int n, float* all_logits);
+    void hc_pre(const V4Hc& hc, int n, float* post, float* comb, float* collapsed);
+    void hc_post(const float* out, const float* post, const float* comb, int n);
+    void attention(int l, int n, const float* x, float* out);
+    void compress(int l, const V4Compressor& c, bool indexer, int n, const float* x);
+    void moe(int l, int n, const int32_t* tokens, const float* x, float* out);
+    void matmul(const WeightView& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy,
+                int64_t r0 = 0, int64_t r1 = -1);
+    void rope(float* v, int dim, const float* freq, int pos, bool inverse) const;
+    void reset_state();
+    void truncate(int n);         // n within the current block (n >= in_base)
+    int in_base() const;          // first position whose compressor inputs are kept
+    const float* freq(int l) const;
+
+    std::shared_ptr<const V4Model> model_;
+    const Kernels& k_;
+    int n_ctx_, n_past_ = 0;
+    bool qat_;
+    bool logits_valid_ = false;
+    int rebuilt_ = 0;
+    int rec_off_ = 0;             // the chunk's first token within the eval (decision records)
+    int history_floor_ = 0;       // below this block start, only a replay from 0 rebuilds state
+    std::vector<int32_t> tokens_; // every position's token (a rewind may replay them)
+    std::vector<LayerState> st_;
+    std::vector<float> logits_;
+    std::vector<int32_t> experts_, selected_;
+    // scratch, per chunk
+    std::vector<float> X_, xn_, col_, out_, post_, comb_, qa_, q_, kv_, att_, oa_, iq_, iw_, tmp_, tmp2_;
+    std::vector<float> ckv_, cg_, ffn_g_, ffn_u_, rlog_;
+};
+
+}  // namespace zen5

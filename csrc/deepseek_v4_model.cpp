@@ -1,0 +1,264 @@
+// DeepSeek V4 weights: bind the official tensor names (spec section 4.3) to V4Layer fields with
+// exact shapes, convert the small vectors to F32, give the matrices panel copies for the float
+// matmuls, and the QAT rounding routines (spec 1.4/1.5, current official revision).
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "deepseek_v4.h"
+
+namespace zen5 {
+
+namespace {
+
+constexpr int kTypeI32 = 26;  // GGML's I32 id
+
+std::string shape_str(const std::vector<int64_t>& s) {
+    std::string r = "(";
+    for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+    return r + (s.size() == 1 ? ",)" : ")");
+}
+
+struct Binder {
+    std::map<std::string, const TensorIn*> by;
+    std::vector<std::unique_ptr<std::vector<float>>>& floats;
+    std::vector<std::unique_ptr<std::vector<int32_t>>>& ints;
+
+    const TensorIn& get(const std::string& name, const std::vector<int64_t>& shape) const {
+        auto it = by.find(name);
+        if (it == by.end()) throw BadModel("missing tensor " + name);
+        if (it->second->shape != shape)
+            throw BadModel("tensor " + name + " has shape " + shape_str(it->second->shape) + ", expected " +
+                           shape_str(shape));
+        return *it->second;
+    }
+    WeightView matrix(const std::string& name, int64_t rows, int64_t cols) const {
+        const TensorIn& t = get(name, {rows, cols});
+        if (t.type != GGML_F32 && t.type != GGML_F16 && t.type != GGML_BF16)
+            throw BadModel("tensor " + name + " must be F32, F16 or BF16, got " + type_name(t.type));
+        const size_t rb = row_bytes(t.type, cols);
+        if (t.nbytes != rb * size_t(rows)) throw BadModel("tensor " + name + " has the wrong byte size");
+        return WeightView{t.data, t.type, rows, cols, rb};
+    }
+    // Any float tensor as an owned F32 copy (norm weights, biases, hyper-connection parameters).
+    const float* vec(const std::string& name, const std::vector<int64_t>& shape) const {
+        const TensorIn& t = get(name, shape);
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        if (t.type != GGML_F32 && t.type != GGML_F16 && t.type != GGML_BF16)
+            throw BadModel("tensor " + name + " must be a float tensor, got " + type_name(t.type));
+        if (t.nbytes != row_bytes(t.type, n)) throw BadModel("tensor " + name + " has the wrong byte size");
+        auto v = std::make_unique<std::vector<float>>(size_t(n));
+        for (int64_t i = 0; i < n; ++i) {
+            if (t.type == GGML_F32) std::memcpy(&(*v)[i], t.data + 4 * i, 4);
+            else {
+                uint16_t h;
+                std::memcpy(&h, t.data + 2 * i, 2);
+                (*v)[i] = t.type == GGML_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+            }
+        }
+        floats.push_back(std::move(v));
+        return floats.back()->data();
+    }
+    WeightView owned_matrix(const std::string& name, int64_t rows, int64_t cols) const {
+        const float* p = vec(name, {rows, cols});
+        return WeightView{reinterpret_cast<const uint8_t*>(p), GGML_F32, rows, cols, size_t(cols) * 4};
+    }
+    const int32_t* ids(const std::string& name, int64_t rows, int64_t cols, int limit) const {
+        const TensorIn& t = get(name, {rows, cols});
+        if (t.type != kTypeI32 || t.nbytes != size_t(rows * cols) * 4)
+            throw BadModel("tensor " + name + " must be I32");
+        auto v = std::make_unique<std::vector<int32_t>>(size_t(rows * cols));
+        std::memcpy(v->data(), t.data, t.nbytes);
+        for (int32_t e : *v)
+            if (e < 0 || e >= limit) throw BadModel("tensor " + name + " holds expert id " + std::to_string(e));
+        ints.push_back(std::move(v));
+        return ints.back()->data();
+    }
+};
+
+void check_config(const V4Config& c) {
+    const bool ok = c.vocab > 0 && c.hidden > 0 && c.n_layers > 0 && c.n_heads > 0 && c.head_dim > 0 &&
+                    c.rope_dim > 0 && c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim && c.q_rank > 0 &&
+                    c.o_groups > 0 && c.n_heads % c.o_groups == 0 && c.o_rank > 0 && c.window > 0 &&
+                    int(c.ratios.size()) == c.n_layers && c.n_experts > 0 && c.top_k > 0 &&
+                    c.top_k <= c.n_experts && c.moe_inter > 0 && c.hc_mult > 0 && c.hc_mult <= 16 && c.hc_iters > 0;
+    if (!ok) throw BadModel("inconsistent DeepSeek V4 dimensions");
+    for (int r : c.ratios)
+        if (r != 0 && r != 4 && r != 128) throw BadModel("compress ratio " + std::to_string(r) + " is not 0, 4 or 128");
+    bool any4 = false;
+    for (int r : c.ratios) any4 |= r == 4;
+    if (any4 && (c.index_heads <= 0 || c.index_dim < c.rope_dim || c.index_topk <= 0 ||
+                 (c.index_dim & (c.index_dim - 1)) || c.index_dim % 32))
+        throw BadModel("the indexer needs heads > 0, top-k > 0 and a power-of-two width >= 32 and >= rope_dim");
+    if ((c.head_dim - c.rope_dim) % 64) throw BadModel("head_dim - rope_dim must be a multiple of 64 (FP8 blocks)");
+}
+
+}  // namespace
+
+V4Model::V4Model(V4Config c, const std::vector<TensorIn>& tensors, std::vector<float> fm, std::vector<float> fc,
+                 int threads)
+    : cfg(std::move(c)), freq_main(std::move(fm)), freq_compress(std::move(fc)), pool(threads) {
+    check_config(cfg);
+    if (int(freq_main.size()) != cfg.rope_dim / 2 || int(freq_compress.size()) != cfg.rope_dim / 2)
+        throw BadModel("rope tables must have rope_dim / 2 entries");
+    Binder b{{}, floats_, ints_};
+    for (const auto& t : tensors) b.by[t.name] = &t;
+    const int64_t D = cfg.hidden, V = cfg.vocab, hc = cfg.hc_mult, M = (2 + hc) * hc, hd = cfg.head_dim;
+    const int64_t qd = int64_t(cfg.n_heads) * hd, orow = int64_t(cfg.o_groups) * cfg.o_rank;
+    embed = b.matrix("embed.weight", V, D);
+    head = b.matrix("head.weight", V, D);
+    norm = b.vec("norm.weight", {D});
+    hc_head = V4Hc{b.owned_matrix("hc_head_fn", hc, hc * D), b.vec("hc_head_base", {hc}), b.vec("hc_head_scale", {1})};
+    for (int i = 0; i < cfg.n_layers; ++i) {
+        const std::string p = "layers." + std::to_string(i) + ".";
+        V4Layer L;
+        L.ratio = cfg.ratios[i];
+        L.hash = i < cfg.n_hash_layers;
+        L.hc_attn = V4Hc{b.owned_matrix(p + "hc_attn_fn", M, hc * D), b.vec(p + "hc_attn_base", {M}),
+                         b.vec(p + "hc_attn_scale", {3})};
+        L.hc_ffn = V4Hc{b.owned_matrix(p + "hc_ffn_fn", M, hc * D), b.vec(p + "hc_ffn_base", {M}),
+                        b.vec(p + "hc_ffn_scale", {3})};
+        L.attn_norm = b.vec(p + "attn_norm.weight", {D});
+        L.ffn_norm = b.vec(p + "ffn_norm.weight", {D});
+        const std::string a = p + "attn.";
+        L.wq_a = b.matrix(a + "wq_a.weight", cfg.q_rank, D);
+        L.q_norm = b.vec(a + "q_norm.weight", {cfg.q_rank});
+        L.wq_b = b.matrix(a + "wq_b.weight", qd, cfg.q_rank);
+        L.wkv = b.matrix(a + "wkv.weight", hd, D);
+        L.kv_norm = b.vec(a + "kv_norm.weight", {hd});
+        L.wo_a = b.matrix(a + "wo_a.weight", orow, qd / cfg.o_groups);
+        L.wo_b = b.matrix(a + "wo_b.weight", D, orow);
+        L.sink = b.vec(a + "attn_sink", {cfg.n_heads});
+        if (L.ratio) {
+            const int w = L.ratio == 4 ? 2 * int(hd) : int(hd);
+            L.comp = V4Compressor{b.matrix(a + "compressor.wkv.weight", w, D), b.matrix(a + "compressor.wgate.weight", w, D),
+                                  b.vec(a + "compressor.ape", {L.ratio, w}), b.vec(a + "compressor.norm.weight", {hd}),
+                                  w, int(hd)};
+        }
+        if (L.ratio == 4) {
+            const int id = cfg.index_dim, w = 2 * id;
+            const std::string x = a + "indexer.";
+            L.icomp = V4Compressor{b.matrix(x + "compressor.wkv.weight", w, D), b.matrix(x + "compressor.wgate.weight", w, D),
+                                   b.vec(x + "compressor.ape", {4, w}), b.vec(x + "compressor.norm.weight", {id}), w, id};
+            L.iwq_b = b.matrix(x + "wq_b.weight", int64_t(cfg.index_heads) * id, cfg.q_rank);
+            L.iweights = b.matrix(x + "weights_proj.weight", cfg.index_heads, D);
+        }
+        const std::string f = p + "ffn.";
+        L.gate = b.matrix(f + "gate.weight", cfg.n_experts, D);
+        if (L.hash) L.tid2eid = b.ids(f + "gate.tid2eid", V, cfg.top_k, cfg.n_experts);
+        else L.gate_bias = b.vec(f + "gate.bias", {cfg.n_experts});
+        for (int e = 0; e < cfg.n_experts; ++e) {
+            const std::string x = f + "experts." + std::to_string(e) + ".";
+            L.w1.push_back(b.matrix(x + "w1.weight", cfg.moe_inter, D));
+            L.w2.push_back(b.matrix(x + "w2.weight", D, cfg.moe_inter));
+            L.w3.push_back(b.matrix(x + "w3.weight", cfg.moe_inter, D));
+        }
+        L.sw1 = b.matrix(f + "shared_experts.w1.weight", cfg.moe_inter, D);
+        L.sw2 = b.matrix(f + "shared_experts.w2.weight", D, cfg.moe_inter);
+        L.sw3 = b.matrix(f + "shared_experts.w3.weight", cfg.moe_inter, D);
+        layers.push_back(std::move(L));
+    }
+    // Every matrix but the embedding (read a row at a time) gets a panel copy for the float matmuls.
+    std::vector<WeightView*> mats{&head, &hc_head.fn};
+    for (V4Layer& L : layers) {
+        for (WeightView* w : {&L.hc_attn.fn, &L.hc_ffn.fn, &L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.gate,
+                              &L.sw1, &L.sw2, &L.sw3})
+            mats.push_back(w);
+        if (L.ratio) mats.insert(mats.end(), {&L.comp.wkv, &L.comp.wgate});
+        if (L.ratio == 4) mats.insert(mats.end(), {&L.icomp.wkv, &L.icomp.wgate, &L.iwq_b, &L.iweights});
+        for (auto* v : {&L.w1, &L.w2, &L.w3})
+            for (WeightView& w : *v) mats.push_back(&w);
+    }
+    size_t total = 0;
+    for (const WeightView* w : mats) total += (float_panel_bytes(w->type, w->rows, w->cols) + 63) / 64 * 64;
+    arena_ = alloc_zeroed(total);
+    uint8_t* at = arena_.get();
+    for (WeightView* w : mats) {
+        auto p = std::make_unique<FloatPanels>();
+        pack_float_panels(*w, *p, at);
+        w->panels = p.get();
+        panels_.push_back(std::move(p));
+        at += (float_panel_bytes(w->type, w->rows, w->cols) + 63) / 64 * 64;
+    }
+
+    uint64_t h = hash_bytes("deepseek_v4", 11, 0x7A656E35);
+    const int dims[] = {cfg.vocab, cfg.hidden, cfg.n_layers, cfg.n_heads, cfg.head_dim, cfg.rope_dim, cfg.q_rank,
+                        cfg.o_groups, cfg.o_rank, cfg.window, cfg.index_heads, cfg.index_dim, cfg.index_topk,
+                        cfg.n_experts, cfg.top_k, cfg.moe_inter, cfg.n_hash_layers, cfg.hc_mult, cfg.hc_iters};
+    h = hash_bytes(dims, sizeof dims, h);
+    h = hash_bytes(cfg.ratios.data(), cfg.ratios.size() * 4, h);
+    const float fl[] = {cfg.route_scale, cfg.swiglu_limit, cfg.hc_eps, cfg.rms_eps};
+    h = hash_bytes(fl, sizeof fl, h);
+    h = hash_bytes(freq_main.data(), freq_main.size() * 4, h);
+    h = hash_bytes(freq_compress.data(), freq_compress.size() * 4, h);
+    for (const auto& [name, t] : b.by) {
+        h = hash_bytes(name.data(), name.size(), h);
+        h = hash_bytes(&t->type, sizeof t->type, h);
+        h = hash_bytes(t->shape.data(), t->shape.size() * 8, h);
+        h = hash_bytes(t->data, t->nbytes, h);
+        int64_t n = 1;
+        for (int64_t d : t->shape) n *= d;
+        n_params += n;
+    }
+    fingerprint = h;
+}
+
+// ---- QAT simulations -------------------------------------------------------------------------
+
+namespace {
+// 2^ceil(log2(r)) for r > 0, exactly (frexp: r = m 2^e with m in [0.5, 1)).
+float pow2_ceil(float r) {
+    int e;
+    const float m = std::frexp(r, &e);
+    return std::ldexp(1.0f, m == 0.5f ? e - 1 : e);
+}
+float block_scale(const float* x, int n, float top) {
+    float amax = 0.0f;
+    for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+    return pow2_ceil(std::max(amax, 1e-4f) / top);
+}
+}  // namespace
+
+void v4_fp8_sim(float* x, int n, int block) {
+    // e4m3fn: 3 mantissa bits, normal from 2^-6 (spacing 2^(e-3)), subnormal spacing 2^-9, max 448;
+    // |x / scale| <= 448 by construction. nearbyint rounds half to even.
+    for (int b = 0; b < n; b += block) {
+        const float s = block_scale(x + b, block, 448.0f);
+        for (int i = b; i < b + block; ++i) {
+            const float a = std::fabs(x[i] / s);
+            int e;
+            std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1): the binade of a is 2^(e - 1)
+            const float step = std::ldexp(1.0f, std::max(e - 1, -6) - 3);
+            const float q = std::min(std::nearbyint(a / step) * step, 448.0f);
+            x[i] = (x[i] < 0 ? -q : q) * s;
+        }
+    }
+}
+
+void v4_fp4_sim(float* x, int n, int block) {
+    // e2m1: {0, .5, 1, 1.5} spacing .5, {2, 3} spacing 1, {4, 6} spacing 2; |x / scale| <= 6.
+    for (int b = 0; b < n; b += block) {
+        const float s = block_scale(x + b, block, 6.0f);
+        for (int i = b; i < b + block; ++i) {
+            const float a = std::fabs(x[i] / s);
+            const float step = a < 2.0f ? 0.5f : a < 4.0f ? 1.0f : 2.0f;
+            const float q = std::min(std::nearbyint(a / step) * step, 6.0f);
+            x[i] = (x[i] < 0 ? -q : q) * s;
+        }
+    }
+}
+
+void v4_hadamard(float* x, int n) {
+    for (int h = 1; h < n; h *= 2)
+        for (int i = 0; i < n; i += 2 * h)
+            for (int j = i; j < i + h; ++j) {
+                const float a = x[j], c = x[j + h];
+                x[j] = a + c;
+                x[j + h] = a - c;
+            }
+    const float s = 1.0f / std::sqrt(float(n));
+    for (int i = 0; i < n; ++i) x[i] *= s;
+}
+
+}  // namespace zen5
