@@ -5,6 +5,8 @@ header, then raw little-endian data), which lets us memory-map the file with num
 engine views without copying and without importing torch. HF tensor names are mapped to GGUF
 names so the engine knows one naming scheme; F32/F16/BF16 bytes are already GGML's layout.
 HF checkpoints keep q/k rows in the "rotate halves" order, hence rope_neox=True.
+DeepSeek V4 directories (model_type "deepseek_v4") keep their official names: loader/deepseek_v4.py
+reads them (with this module's file readers); `zen5.loader.load_weights` dispatches on model_type.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ import numpy as np
 from zen5.config import GGML_BF16, GGML_F16, GGML_F32, SUPPORTED_ARCHS, ModelConfig, UnsupportedModelError
 from zen5.loader.tensors import BadModelFile, LoadedWeights, Tensor, prepare_tensors, unsupported_type_error
 
-__all__ = ["load_safetensors_dir", "read_safetensors", "config_from_hf", "hf_to_gguf_name"]
+__all__ = ["load_safetensors_dir", "read_safetensors", "config_from_hf", "hf_to_gguf_name", "shard_files",
+           "load_tokenizer", "read_chat_template"]
 
 _DTYPES = {"F32": GGML_F32, "F16": GGML_F16, "BF16": GGML_BF16}
 _ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
@@ -103,7 +106,7 @@ def _entry(path, name, entry, data_len):
     return dtype, shape, offs
 
 
-def _shard_files(folder: str) -> list[str]:
+def shard_files(folder: str) -> list[str]:
     index = os.path.join(folder, "model.safetensors.index.json")
     if os.path.exists(index):
         with open(index, encoding="utf-8") as f:
@@ -124,7 +127,7 @@ def _shard_files(folder: str) -> list[str]:
 def _gguf_tensors(folder: str) -> tuple[dict[str, Tensor], list[str]]:
     """All shards' tensors under GGUF names; unsupported dtypes refused; returns unmapped names."""
     out, unmapped = {}, []
-    for file in _shard_files(folder):
+    for file in shard_files(folder):
         for hf_name, (dtype, shape, data) in read_safetensors(file).items():
             name = hf_to_gguf_name(hf_name)
             if name is None:
@@ -150,6 +153,9 @@ def _req(cfg: dict, key: str, path, kind=int):
 def config_from_hf(cfg: dict, tensors: dict, path=None) -> ModelConfig:
     """ModelConfig from a HF config.json dict and the (GGUF-named) tensors present."""
     arch = cfg.get("model_type")
+    if arch == "deepseek_v4":
+        raise UnsupportedModelError(f"{path}: a DeepSeek V4 directory: load it with zen5.loader.load_weights "
+                                    "(or zen5.loader.load_deepseek_v4_dir)")
     if arch not in SUPPORTED_ARCHS:
         raise UnsupportedModelError(f"{path}: model_type {arch!r} is not supported; zen5 runs "
                                     f"{', '.join(SUPPORTED_ARCHS)}")
@@ -225,16 +231,16 @@ def load_safetensors_dir(folder) -> LoadedWeights:
     if config.tied_output:
         raw.pop("output.weight", None)
     tensors, ignored = prepare_tensors(config, raw, folder)
-    tokenizer = _tokenizer(folder, config)
+    tokenizer = load_tokenizer(folder, config)
     return LoadedWeights(
         config=config, tensors=tensors, tokenizer=tokenizer,
-        chat_template=_chat_template(folder),
+        chat_template=read_chat_template(folder),
         metadata={"format": "safetensors", "path": folder,
                   "name": os.path.basename(os.path.normpath(folder)),
                   "ignored_tensors": sorted(ignored + unmapped)})
 
 
-def _tokenizer(folder, config):
+def load_tokenizer(folder, config):
     from zen5.tokenizer import Tokenizer
     tj = os.path.join(folder, "tokenizer.json")
     if not os.path.exists(tj):
@@ -246,7 +252,7 @@ def _tokenizer(folder, config):
     return tok
 
 
-def _chat_template(folder) -> str | None:
+def read_chat_template(folder) -> str | None:
     jinja = os.path.join(folder, "chat_template.jinja")
     if os.path.exists(jinja):
         with open(jinja, encoding="utf-8") as f:
