@@ -30,13 +30,20 @@ def _add_model_args(p: argparse.ArgumentParser, required: bool) -> None:
                    help="prompt-lookup speculative decoding: up to N tokens guessed from the context and "
                         "checked per decode step (default 5, 0: off; env ZEN5_LOOKUP). Replies are the same "
                         "token for token either way")
+    p.add_argument("--qat-sim", choices=("on", "off"), default=None,
+                   help="DeepSeek V4: the official model's FP8/FP4/Hadamard QAT simulations (default on; "
+                        "env ZEN5_QAT_SIM=0 turns them off)")
+
+
+def _qat(a: argparse.Namespace) -> bool | None:
+    return None if a.qat_sim is None else a.qat_sim == "on"
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
     from zen5.engine import Engine
 
     eng = Engine.load(a.model, threads=a.threads, n_ctx=a.n_ctx, matmul=a.matmul, kv_type=a.kv_type,
-                      lookup=a.lookup)
+                      lookup=a.lookup, qat=_qat(a))
     prompt = a.prompt
     if not a.raw and eng.chat_template:
         prompt = eng.apply_chat_template([{"role": "user", "content": prompt}])
@@ -67,7 +74,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
            "threads": a.threads or default_threads()}
     if a.model:
         eng = Engine.load(a.model, threads=a.threads, n_ctx=a.n_ctx, matmul=a.matmul, kv_type=a.kv_type,
-                          lookup=a.lookup)
+                          lookup=a.lookup, qat=_qat(a))
         out["model"] = eng.info()
     print(json.dumps(out, indent=2))
     return 0
@@ -136,7 +143,7 @@ def _cmd_serve(a: argparse.Namespace) -> int:
     return serve(ServerConfig(model=a.model, host=a.host, port=a.port, threads=a.threads, n_ctx=a.n_ctx,
                               api_key=a.api_key, cors=a.cors, trace=a.trace, queue=a.queue,
                               state_dir=a.state_dir, max_output=a.max_output, keepalive=a.keepalive,
-                              matmul=a.matmul, kv_type=a.kv_type, lookup=a.lookup,
+                              matmul=a.matmul, kv_type=a.kv_type, lookup=a.lookup, qat=_qat(a),
                               shutdown_timeout=a.shutdown_timeout, allowed_hosts=a.allowed_hosts,
                               max_connections=a.max_connections, read_timeout=a.read_timeout))
 

@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 
 from zen5 import _native, overrides
 from zen5.config import SUPPORTED_TYPES, ModelConfig
+from zen5.deepseek_v4_config import DeepSeekV4Config
 from zen5.loader import LoadedWeights, load_weights
 from zen5.lookup import MAX_DRAFT, DraftFeed
 from zen5.registry import resolve_model
@@ -87,10 +88,10 @@ class Generation:
 class Engine:
     def __init__(self, weights: LoadedWeights, threads: int | None = None, n_ctx: int | None = None,
                  isa: str | None = None, matmul: str | None = None, kv_type: str | None = None,
-                 lookup: int | None = None):
+                 lookup: int | None = None, qat: bool | None = None):
         cfg = weights.config
         self.weights = weights
-        self.config: ModelConfig = cfg
+        self.config: ModelConfig | DeepSeekV4Config = cfg
         self.tokenizer: Tokenizer = weights.tokenizer
         self.threads = int(threads or default_threads())
         if self.threads < 1:
@@ -98,18 +99,13 @@ class Engine:
         self.n_ctx = int(n_ctx or min(cfg.n_ctx_train, DEFAULT_MAX_CTX))
         if self.n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
-        tensors = [(t.name, t.ggml_type, list(t.shape), t.data) for t in weights.tensors.values()]
-        self.native = _native.Model(cfg.to_native(), tensors, cfg.rope_inv_freq(), self.threads)
         # isa: a tier name ("ref", "avx2", "avx2vnni", "avx512") forces a kernel table for this
         # context (tests run each); None uses the one chosen at import (CPUID, or ZEN5_FORCE_ISA).
-        # matmul: "int8" (default; quantized weights times int8-quantized activations, as
-        # llama.cpp does) or "f32" (dequantize to fp32: the exact path the PyTorch oracle pins).
-        self.matmul = matmul or overrides.get("ZEN5_MATMUL") or "int8"
-        # kv_type: how the cache stores K/V: "f16" (the int8 path's default), "f32" (the f32
-        # path's) or "q8_0" (int8 with a scale per position and head: half of f16's bytes, so
-        # long contexts take half the memory and decode deep in them reads half the cache).
-        self.native_ctx = _native.Context(self.native, self.n_ctx, isa or "", self.matmul,
-                                          kv_type or overrides.get("ZEN5_KV_TYPE") or "")
+        self.qat: bool | None = None
+        if isinstance(cfg, DeepSeekV4Config):
+            self._init_deepseek_v4(weights, isa, matmul, kv_type, qat)
+        else:
+            self._init_llama(weights, isa, matmul, kv_type)
         self.kv_type: str = self.native_ctx.kv_type
         # lookup: guesses per decode batch for prompt-lookup speculative decoding
         # (lookup.py; 0 turns it off). It never changes a reply, only its speed.
@@ -125,12 +121,42 @@ class Engine:
         self.state_id = 0              # bumped on every change of the cache (staleness checks)
         self._watch: Callable[[int, int], None] | None = None
 
+    def _init_llama(self, weights, isa, matmul, kv_type):
+        tensors = [(t.name, t.ggml_type, list(t.shape), t.data) for t in weights.tensors.values()]
+        self.native = _native.Model(self.config.to_native(), tensors, self.config.rope_inv_freq(), self.threads)
+        # matmul: "int8" (default; quantized weights times int8-quantized activations, as
+        # llama.cpp does) or "f32" (dequantize to fp32: the exact path the PyTorch oracle pins).
+        self.matmul = matmul or overrides.get("ZEN5_MATMUL") or "int8"
+        # kv_type: how the cache stores K/V: "f16" (the int8 path's default), "f32" (the f32
+        # path's) or "q8_0" (int8 with a scale per position and head: half of f16's bytes, so
+        # long contexts take half the memory and decode deep in them reads half the cache).
+        self.native_ctx = _native.Context(self.native, self.n_ctx, isa or "", self.matmul,
+                                          kv_type or overrides.get("ZEN5_KV_TYPE") or "")
+
+    def _init_deepseek_v4(self, weights, isa, matmul, kv_type, qat):
+        """DeepSeek V4: float weights (BF16/F32) in f32 math; the state (raw window, compressed and
+        indexer rows, compressor inputs) is f32. qat: the official model's FP8/FP4/Hadamard
+        simulations (default on; ZEN5_QAT_SIM=0 or qat=False turns them off, which is what
+        transformers computes)."""
+        if matmul not in (None, "f32") or kv_type not in (None, "f32"):
+            raise ValueError("DeepSeek V4 runs f32 matmuls over an f32 state (matmul='f32', kv_type='f32')")
+        if qat is None:
+            raw = overrides.get("ZEN5_QAT_SIM") or "1"
+            if raw not in ("0", "1"):
+                raise ValueError(f"ZEN5_QAT_SIM must be 0 or 1, got {raw!r}")
+            qat = raw == "1"
+        self.qat, self.matmul = bool(qat), "f32"
+        main, compress = self.config.rope_tables()
+        self.native = _native.DeepSeekV4Model(self.config.to_native(), weights.native_tensors(), main, compress,
+                                              self.threads)
+        self.native_ctx = _native.DeepSeekV4Context(self.native, self.n_ctx, isa or "", self.qat)
+
     @classmethod
     def load(cls, name_or_path: str = "smollm2", threads: int | None = None, n_ctx: int | None = None,
              isa: str | None = None, matmul: str | None = None, kv_type: str | None = None,
-             lookup: int | None = None):
+             lookup: int | None = None, qat: bool | None = None):
         return cls(load_weights(resolve_model(name_or_path)), threads=threads, n_ctx=n_ctx, isa=isa,
-                   matmul=matmul, kv_type=kv_type, lookup=lookup)
+                   matmul=matmul, kv_type=kv_type, lookup=lookup, qat=qat)
 
     @property
     def cache_id(self) -> str:
@@ -138,6 +164,8 @@ class Engine:
         KV type where they differ from the defaults (int8, f16), so the server keeps checkpoints
         of different layouts in different directories."""
         fp = f"{self.native.fingerprint:016x}"
+        if self.qat is not None:  # DeepSeek V4 state: its own kind, with or without the QAT rounding
+            return f"{fp}-dsv4" + ("" if self.qat else "-noqat")
         return fp if (self.matmul, self.kv_type) == ("int8", "f16") else f"{fp}-{self.matmul}-{self.kv_type}"
 
     # ---- prompts -------------------------------------------------------------------------
@@ -340,7 +368,7 @@ class Engine:
     # ---- description ---------------------------------------------------------------------
     def info(self) -> dict:
         cfg = self.config
-        types = sorted({SUPPORTED_TYPES[t.ggml_type] for t in self.weights.tensors.values()})
+        types = sorted({SUPPORTED_TYPES.get(t.ggml_type, "I32") for t in self.weights.tensors.values()})
         return {
             "path": self.weights.metadata.get("path"),
             "format": self.weights.metadata.get("format"),
@@ -361,6 +389,7 @@ class Engine:
             "matmul": self.matmul,
             "kv_type": self.kv_type,
             "lookup": self.lookup,
+            **({"qat_sim": self.qat} if self.qat is not None else {}),
             "kv_bytes_per_token": int(self.native_ctx.kv_bytes_per_token),
             "threads": self.threads,
         }
