@@ -98,37 +98,57 @@ size_t V4Context::bytes_per_token() const {
 }
 
 // ---- state bookkeeping ----------------------------------------------------------------------
-
-int V4Context::in_base() const { return std::max(0, n_past_ / kBlock * kBlock - 4); }
+// The compressor inputs of the current 128-position block are kept (plus, for ratio 4, the 4
+// positions before it), so a rewind inside the block forgets positions. A rewind further back
+// rebuilds the state at the start of the target's block from what is kept for every position
+// (raw rows, compressed and indexer rows, the ratio-4 inputs at each block edge) and evaluates
+// the tokens from there again (at most kBlock - 1 of them).
 
 void V4Context::reset_state() {
     n_past_ = 0;
     logits_valid_ = false;
-    history_floor_ = 0;
+    trunc_floor_ = history_floor_ = 0;
     for (LayerState& s : st_) {
         s.ckv.clear(), s.cgate.clear(), s.ikv.clear(), s.igate.clear();
+        s.base = 0;
         s.edge.assign(1, {});  // block 0 starts with no previous window
     }
 }
 
 void V4Context::truncate(int n) {
-    // n >= in_base(): rows past n are simply not counted; the inputs lists lose positions >= n.
     const V4Config& c = model_->cfg;
-    const int base = in_base();
     for (int l = 0; l < c.n_layers; ++l) {
         LayerState& s = st_[l];
-        const int r = c.ratios[l];
-        if (!r) continue;
-        const size_t keep = size_t(n - base);
+        if (!c.ratios[l]) continue;
+        const size_t keep = size_t(n - s.base);
         s.ckv.resize(keep * model_->layers[l].comp.width);
         s.cgate.resize(keep * model_->layers[l].comp.width);
-        if (r == 4) {
+        if (c.ratios[l] == 4) {
             s.ikv.resize(keep * model_->layers[l].icomp.width);
             s.igate.resize(keep * model_->layers[l].icomp.width);
         }
-        s.edge.resize(size_t(n / kBlock) + 1);
+        s.edge.resize(std::min(s.edge.size(), size_t(n / kBlock) + 1));
     }
     n_past_ = n;
+}
+
+void V4Context::trim_inputs() {
+    const V4Config& c = model_->cfg;
+    const int A = n_past_ / kBlock * kBlock;
+    trunc_floor_ = std::max(trunc_floor_, A);
+    for (int l = 0; l < c.n_layers; ++l) {
+        LayerState& s = st_[l];
+        const int base = std::max(0, A - lead(l));
+        if (!c.ratios[l] || base <= s.base) continue;
+        const size_t drop = size_t(base - s.base), cw = model_->layers[l].comp.width, iw = model_->layers[l].icomp.width;
+        s.ckv.erase(s.ckv.begin(), s.ckv.begin() + drop * cw);
+        s.cgate.erase(s.cgate.begin(), s.cgate.begin() + drop * cw);
+        if (c.ratios[l] == 4) {
+            s.ikv.erase(s.ikv.begin(), s.ikv.begin() + drop * iw);
+            s.igate.erase(s.igate.begin(), s.igate.begin() + drop * iw);
+        }
+        s.base = base;
+    }
 }
 
 void V4Context::eval(const int32_t* tokens, int n, float* all_logits) {
@@ -157,33 +177,33 @@ void V4Context::rewind(int n, const float* last_logits) {
     if (last_logits && n == 0) throw ZenError("rewind(0) has no last position to give logits to");
     if (n != n_past_) {
         logits_valid_ = false;
-        if (n >= in_base() && n >= n_past_ / kBlock * kBlock) {
+        if (n >= trunc_floor_) {
             truncate(n);
         } else {
             // Rebuild the state at the start of n's block, then replay the tokens up to n.
+            const V4Config& c = model_->cfg;
             int from = n / kBlock * kBlock;
-            const std::vector<int32_t> replay(tokens_.begin() + (from >= history_floor_ ? from : 0), tokens_.begin() + n);
-            if (from < history_floor_ || from == 0) {
+            if (from < history_floor_) from = 0;
+            const std::vector<int32_t> replay(tokens_.begin() + from, tokens_.begin() + n);
+            if (from == 0) {
                 reset_state();
-                from = 0;
             } else {
-                const V4Config& c = model_->cfg;
                 for (int l = 0; l < c.n_layers; ++l) {
                     LayerState& s = st_[l];
                     if (!c.ratios[l]) continue;
-                    const std::vector<float>& e = s.edge[from / kBlock];
-                    // edge: 4 positions of (kv, gate) for the compressor, then for the indexer
-                    const size_t cw = model_->layers[l].comp.width, iw = model_->layers[l].icomp.width;
                     s.ckv.clear(), s.cgate.clear(), s.ikv.clear(), s.igate.clear();
-                    s.ckv.assign(e.begin(), e.begin() + 4 * cw);
-                    s.cgate.assign(e.begin() + 4 * cw, e.begin() + 8 * cw);
+                    s.base = from - lead(l);
                     if (c.ratios[l] == 4) {
+                        const std::vector<float>& e = s.edge[from / kBlock];
+                        const size_t cw = model_->layers[l].comp.width, iw = model_->layers[l].icomp.width;
+                        s.ckv.assign(e.begin(), e.begin() + 4 * cw);
+                        s.cgate.assign(e.begin() + 4 * cw, e.begin() + 8 * cw);
                         s.ikv.assign(e.begin() + 8 * cw, e.begin() + 8 * cw + 4 * iw);
                         s.igate.assign(e.begin() + 8 * cw + 4 * iw, e.begin() + 8 * cw + 8 * iw);
                     }
                     s.edge.resize(size_t(from / kBlock) + 1);
                 }
-                n_past_ = from;
+                n_past_ = trunc_floor_ = from;
             }
             if (!replay.empty()) eval(replay.data(), int(replay.size()));
             rebuilt_ += int(replay.size());
@@ -309,7 +329,7 @@ void V4Context::compress(int l, const V4Compressor& cp, bool indexer, int n, con
     std::vector<float>& kvs = indexer ? s.ikv : s.ckv;
     std::vector<float>& gs = indexer ? s.igate : s.cgate;
     std::vector<float>& rows = indexer ? s.idx : s.comp;
-    const int base = in_base();
+    const int base = s.base;
     std::vector<float> row(hd), wts(2 * r);
     for (int t = 0; t < n; ++t) {
         const int p = n_past_ + t;
@@ -352,9 +372,9 @@ void V4Context::compress(int l, const V4Compressor& cp, bool indexer, int n, con
                 v4_fp8_sim(dst, hd - c.rope_dim, 64);
             }
         }
-        if ((p + 1) % kBlock == 0) {
-            // the inputs of the 4 positions before a block boundary: where a rewind that
-            // rebuilds the next block starts (ratio 4 reads them as the overlap)
+        if (r == 4 && (p + 1) % kBlock == 0) {
+            // the inputs of the 4 positions before a block boundary: the overlap a rewind that
+            // rebuilds the next block starts from
             std::vector<float>& e = s.edge.size() > size_t((p + 1) / kBlock) ? s.edge[(p + 1) / kBlock]
                                                                               : s.edge.emplace_back();
             if (!indexer) e.clear();
@@ -554,22 +574,8 @@ void V4Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
         moe(l, n, tokens, xn_.data(), out_.data());
         hc_post(out_.data(), post_.data(), comb_.data(), n);
     }
-    // the inputs older than the (possibly new) block's overlap are no longer needed
-    const int old_base = in_base();
     n_past_ += n;
-    const int drop = in_base() - old_base;
-    if (drop > 0)
-        for (int l = 0; l < c.n_layers; ++l) {
-            LayerState& s = st_[l];
-            if (!c.ratios[l]) continue;
-            const size_t cw = m.layers[l].comp.width, iw = m.layers[l].icomp.width;
-            s.ckv.erase(s.ckv.begin(), s.ckv.begin() + drop * cw);
-            s.cgate.erase(s.cgate.begin(), s.cgate.begin() + drop * cw);
-            if (c.ratios[l] == 4) {
-                s.ikv.erase(s.ikv.begin(), s.ikv.begin() + drop * iw);
-                s.igate.erase(s.igate.begin(), s.igate.begin() + drop * iw);
-            }
-        }
+    trim_inputs();  // the inputs before the (possibly new) block's lead are no longer needed
     // head: the hc collapse (no Sinkhorn), the final norm, the logits
     const int first = all_logits ? 0 : n - 1;
     for (int t = first; t < n; ++t) {
@@ -595,35 +601,44 @@ void V4Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
 }
 
 // ---- snapshots ------------------------------------------------------------------------------
-// Compact: the tokens, the last logits, and per layer the raw rows a continuation or a rewind
-// within the current block can read ([block start - window, n)), every compressed and indexer
-// row, and the pending compressor inputs. A rewind below the restored block replays from 0.
+// Compact: the tokens, the last logits, and per layer every compressed and indexer row, the raw
+// rows from the block start A minus the window (what the window and a rebuild of the block read),
+// the pending compressor inputs only (ratio 4: from the previous window; ratio 128: from the
+// window start), and for ratio 4 the inputs at A's edge. After a restore, a rewind to n >= A
+// rebuilds the block from that edge; further back it replays from the first token.
+
+namespace {
+int pending_from(int n, int r) { return r == 4 ? std::max(0, n / 4 * 4 - 4) : n / r * r; }
+}  // namespace
 
 std::string V4Context::snapshot() const {
     const V4Config& c = model_->cfg;
-    const int A = n_past_ / kBlock * kBlock, raw_from = std::max(0, A - c.window);
+    const int n = n_past_, A = n / kBlock * kBlock, raw_from = std::max(0, A - c.window);
     Header h{};
     std::memcpy(h.magic, kMagic, 8);
     h.version = kVersion, h.header_bytes = sizeof(Header), h.build_id = kBuildId;
     h.fingerprint = model_->fingerprint;
-    h.n_past = n_past_, h.qat = qat_, h.logits_valid = logits_valid_, h.n_layers = c.n_layers, h.vocab = c.vocab;
-    h.raw_from = raw_from, h.base = in_base();
+    h.n_past = n, h.qat = qat_, h.logits_valid = logits_valid_, h.n_layers = c.n_layers, h.vocab = c.vocab;
+    h.raw_from = raw_from, h.base = A;
     std::string out(reinterpret_cast<const char*>(&h), sizeof h);
     auto put = [&](const void* p, size_t bytes) { out.append(static_cast<const char*>(p), bytes); };
-    put(tokens_.data(), size_t(n_past_) * 4);
+    put(tokens_.data(), size_t(n) * 4);
     if (logits_valid_) put(logits_.data(), size_t(c.vocab) * 4);
     for (int l = 0; l < c.n_layers; ++l) {
         const LayerState& s = st_[l];
         const int r = c.ratios[l];
-        put(s.raw.data() + size_t(raw_from) * c.head_dim, size_t(n_past_ - raw_from) * c.head_dim * 4);
+        put(s.raw.data() + size_t(raw_from) * c.head_dim, size_t(n - raw_from) * c.head_dim * 4);
         if (!r) continue;
-        put(s.comp.data(), size_t(n_past_ / r) * c.head_dim * 4);
-        put(s.ckv.data(), s.ckv.size() * 4);
-        put(s.cgate.data(), s.cgate.size() * 4);
+        const size_t cw = model_->layers[l].comp.width, iw = model_->layers[l].icomp.width;
+        const size_t skip = size_t(pending_from(n, r) - s.base);
+        put(s.comp.data(), size_t(n / r) * c.head_dim * 4);
+        put(s.ckv.data() + skip * cw, s.ckv.size() * 4 - skip * cw * 4);
+        put(s.cgate.data() + skip * cw, s.cgate.size() * 4 - skip * cw * 4);
         if (r == 4) {
-            put(s.idx.data(), size_t(n_past_ / 4) * c.index_dim * 4);
-            put(s.ikv.data(), s.ikv.size() * 4);
-            put(s.igate.data(), s.igate.size() * 4);
+            put(s.idx.data(), size_t(n / 4) * c.index_dim * 4);
+            put(s.ikv.data() + skip * iw, s.ikv.size() * 4 - skip * iw * 4);
+            put(s.igate.data() + skip * iw, s.igate.size() * 4 - skip * iw * 4);
+            if (A > 0) put(s.edge[A / kBlock].data(), s.edge[A / kBlock].size() * 4);
         }
     }
     return out;
@@ -640,32 +655,35 @@ void V4Context::restore(const std::string& blob) {
     if (h.version != kVersion || h.header_bytes != sizeof h || h.build_id != kBuildId)
         throw BadSnapshot("snapshot from another zen5 build or format version");
     if (h.fingerprint != model_->fingerprint) throw ModelMismatch("snapshot was taken with a different model");
-    if (h.qat != uint32_t(qat_)) throw ModelMismatch("snapshot was taken with the QAT simulations " + std::string(h.qat ? "on" : "off"));
+    if (h.qat != uint32_t(qat_))
+        throw ModelMismatch("snapshot was taken with the QAT simulations " + std::string(h.qat ? "on" : "off"));
     if (int64_t(h.n_past) > n_ctx_)
         throw ContextOverflow("snapshot of " + std::to_string(h.n_past) + " tokens exceeds the context of " +
                               std::to_string(n_ctx_) + " tokens");
     const int n = int(h.n_past), A = n / kBlock * kBlock, raw_from = std::max(0, A - c.window);
-    const int base = std::max(0, A - 4);
-    if (int(h.raw_from) != raw_from || int(h.base) != base || int(h.n_layers) != c.n_layers || int(h.vocab) != c.vocab)
+    if (int(h.raw_from) != raw_from || int(h.base) != A || int(h.n_layers) != c.n_layers || int(h.vocab) != c.vocab)
         throw BadSnapshot("snapshot header is inconsistent");
     size_t need = sizeof h + size_t(n) * 4 + (h.logits_valid ? size_t(c.vocab) * 4 : 0);
     for (int l = 0; l < c.n_layers; ++l) {
         const int r = c.ratios[l];
         need += size_t(n - raw_from) * c.head_dim * 4;
         if (!r) continue;
-        need += size_t(n / r) * c.head_dim * 4 + 2 * size_t(n - base) * model_->layers[l].comp.width * 4;
-        if (r == 4) need += size_t(n / 4) * c.index_dim * 4 + 2 * size_t(n - base) * model_->layers[l].icomp.width * 4;
+        const size_t pend = size_t(n - pending_from(n, r)), cw = model_->layers[l].comp.width;
+        const size_t iw = model_->layers[l].icomp.width;
+        need += size_t(n / r) * c.head_dim * 4 + 2 * pend * cw * 4;
+        if (r == 4) need += size_t(n / 4) * c.index_dim * 4 + 2 * pend * iw * 4 + (A > 0 ? 8 * (cw + iw) * 4 : 0);
     }
     if (blob.size() != need)
         throw BadSnapshot("snapshot holds " + std::to_string(blob.size()) + " bytes, expected " + std::to_string(need));
     const char* p = blob.data() + sizeof h;
-    auto get = [&](void* dst, size_t bytes) { std::memcpy(dst, p, bytes), p += bytes; };
     for (int i = 0; i < n; ++i) {
         int32_t t;
         std::memcpy(&t, p + 4 * size_t(i), 4);
         if (t < 0 || t >= c.vocab) throw BadSnapshot("snapshot token ids outside the vocabulary");
     }
     // valid: now replace the state
+    auto get = [&](void* dst, size_t bytes) { std::memcpy(dst, p, bytes), p += bytes; };
+    auto get_vec = [&](std::vector<float>& v, size_t floats) { v.resize(floats), get(v.data(), floats * 4); };
     reset_state();
     get(tokens_.data(), size_t(n) * 4);
     logits_valid_ = h.logits_valid;
@@ -677,28 +695,18 @@ void V4Context::restore(const std::string& blob) {
         get(s.raw.data() + size_t(raw_from) * c.head_dim, size_t(n - raw_from) * c.head_dim * 4);
         if (!r) continue;
         const size_t cw = model_->layers[l].comp.width, iw = model_->layers[l].icomp.width;
+        s.base = pending_from(n, r);
+        const size_t pend = size_t(n - s.base);
         get(s.comp.data(), size_t(n / r) * c.head_dim * 4);
-        s.ckv.resize(size_t(n - base) * cw), s.cgate.resize(size_t(n - base) * cw);
-        get(s.ckv.data(), s.ckv.size() * 4);
-        get(s.cgate.data(), s.cgate.size() * 4);
+        get_vec(s.ckv, pend * cw), get_vec(s.cgate, pend * cw);
+        s.edge.assign(size_t(A / kBlock) + 1, {});
         if (r == 4) {
             get(s.idx.data(), size_t(n / 4) * c.index_dim * 4);
-            s.ikv.resize(size_t(n - base) * iw), s.igate.resize(size_t(n - base) * iw);
-            get(s.ikv.data(), s.ikv.size() * 4);
-            get(s.igate.data(), s.igate.size() * 4);
-        }
-        s.edge.assign(size_t(A / kBlock) + 1, {});
-        if (A > 0) {  // the current block's edge inputs lead the lists
-            std::vector<float>& e = s.edge[A / kBlock];
-            e.insert(e.end(), s.ckv.begin(), s.ckv.begin() + 4 * cw);
-            e.insert(e.end(), s.cgate.begin(), s.cgate.begin() + 4 * cw);
-            if (r == 4) {
-                e.insert(e.end(), s.ikv.begin(), s.ikv.begin() + 4 * iw);
-                e.insert(e.end(), s.igate.begin(), s.igate.begin() + 4 * iw);
-            }
+            get_vec(s.ikv, pend * iw), get_vec(s.igate, pend * iw);
+            if (A > 0) get_vec(s.edge[A / kBlock], 8 * (cw + iw));
         }
     }
-    n_past_ = n;
+    n_past_ = trunc_floor_ = n;
     history_floor_ = A;
 }
 

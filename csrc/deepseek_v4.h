@@ -95,9 +95,9 @@ class V4Model {
 
 // The QAT simulations (exposed for the tests' bit-exact checks against numpy + ml_dtypes).
 // x[0:n] -> e4m3 values times a power-of-two scale per block of `block` (n % block == 0):
-// scale = 2^ceil(log2(max(amax, 1e-4) / 448)), round to nearest even.
+// scale = 2^ceil(log2(max(amax, 1e-4) * f32(1 / 448))), round to nearest even (official kernel.py).
 void v4_fp8_sim(float* x, int n, int block);
-// The same onto the e2m1 grid {0, .5, 1, 1.5, 2, 3, 4, 6}: scale = 2^ceil(log2(max(amax, 1e-4) / 6)).
+// The same onto the e2m1 grid {0, .5, 1, 1.5, 2, 3, 4, 6}: scale = 2^ceil(log2(max(amax, 6 * 2^-126) * f32(1 / 6))).
 void v4_fp4_sim(float* x, int n, int block);
 // In-place Sylvester Hadamard transform of n (a power of two) values, scaled by 1/sqrt(n).
 void v4_hadamard(float* x, int n);
@@ -142,11 +142,13 @@ class V4Context {
         std::vector<float> raw;     // (n_ctx, head_dim): every position's KV row
         std::vector<float> comp;    // (n_ctx / ratio, head_dim) compressed rows
         std::vector<float> idx;     // (n_ctx / 4, index_dim) indexer rows (ratio 4)
-        // compressor inputs (kv, gate + ape) of positions [in_base, n_past): the pending windows
-        // and, for ratio 4, the previous window whose first half overlaps the next row
+        // compressor inputs (kv, gate + ape) of positions [base, n_past): the pending window, for
+        // ratio 4 the previous window (its first half overlaps the next row), and every position
+        // of the current block so a rewind inside it is a truncation
         std::vector<float> ckv, cgate, ikv, igate;
-        // inputs of positions [b*kBlock - 4, b*kBlock) at each block boundary b (compressor kv,
-        // gate, then the indexer's): what a rebuilt block starts from (ratio 4's overlap)
+        int base = 0;
+        // ratio 4: the inputs of positions [b*kBlock - 4, b*kBlock) at each block boundary b
+        // (compressor kv, gate, then the indexer's): the overlap a rebuilt block starts from
         std::vector<std::vector<float>> edge;
     };
     void forward_chunk(const int32_t* tokens, int n, float* all_logits);
@@ -159,8 +161,9 @@ class V4Context {
                 int64_t r0 = 0, int64_t r1 = -1);
     void rope(float* v, int dim, const float* freq, int pos, bool inverse) const;
     void reset_state();
-    void truncate(int n);         // n within the current block (n >= in_base)
-    int in_base() const;          // first position whose compressor inputs are kept
+    void truncate(int n);         // n >= trunc_floor_: forget positions >= n
+    void trim_inputs();           // drop compressor inputs before the current block's lead
+    int lead(int l) const { return model_->cfg.ratios[l] == 4 ? 4 : 0; }  // inputs kept before a block
     const float* freq(int l) const;
 
     std::shared_ptr<const V4Model> model_;
@@ -170,6 +173,7 @@ class V4Context {
     bool logits_valid_ = false;
     int rebuilt_ = 0;
     int rec_off_ = 0;             // the chunk's first token within the eval (decision records)
+    int trunc_floor_ = 0;         // a rewind to n >= this is a truncation (the inputs are all kept)
     int history_floor_ = 0;       // below this block start, only a replay from 0 rebuilds state
     std::vector<int32_t> tokens_; // every position's token (a rewind may replay them)
     std::vector<LayerState> st_;

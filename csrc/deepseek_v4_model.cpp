@@ -213,10 +213,12 @@ float pow2_ceil(float r) {
     const float m = std::frexp(r, &e);
     return std::ldexp(1.0f, m == 0.5f ? e - 1 : e);
 }
-float block_scale(const float* x, int n, float top) {
+// The official kernel's block scale: 2^ceil(log2(max(amax, floor) * f32(1 / qmax))), a product,
+// not a division (they can differ when amax / qmax is within an ulp of a power of two).
+float block_scale(const float* x, int n, float qmax, float floor) {
     float amax = 0.0f;
     for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
-    return pow2_ceil(std::max(amax, 1e-4f) / top);
+    return pow2_ceil(std::max(amax, floor) * (1.0f / qmax));
 }
 }  // namespace
 
@@ -224,7 +226,7 @@ void v4_fp8_sim(float* x, int n, int block) {
     // e4m3fn: 3 mantissa bits, normal from 2^-6 (spacing 2^(e-3)), subnormal spacing 2^-9, max 448;
     // |x / scale| <= 448 by construction. nearbyint rounds half to even.
     for (int b = 0; b < n; b += block) {
-        const float s = block_scale(x + b, block, 448.0f);
+        const float s = block_scale(x + b, block, 448.0f, 1e-4f);
         for (int i = b; i < b + block; ++i) {
             const float a = std::fabs(x[i] / s);
             int e;
@@ -239,7 +241,7 @@ void v4_fp8_sim(float* x, int n, int block) {
 void v4_fp4_sim(float* x, int n, int block) {
     // e2m1: {0, .5, 1, 1.5} spacing .5, {2, 3} spacing 1, {4, 6} spacing 2; |x / scale| <= 6.
     for (int b = 0; b < n; b += block) {
-        const float s = block_scale(x + b, block, 6.0f);
+        const float s = block_scale(x + b, block, 6.0f, 6.0f * 0x1p-126f);  // the smallest normal scale
         for (int i = b; i < b + block; ++i) {
             const float a = std::fabs(x[i] / s);
             const float step = a < 2.0f ? 0.5f : a < 4.0f ? 1.0f : 2.0f;
