@@ -5,7 +5,8 @@ checkpoint (official tensor names, real structure: a hash-routed window-only lay
 the indexer, ratio-128, ratio-4 after ratio-128; tests/dsv4_checkpoint.py), which it reads through
 its own conversion of the official names. transformers leaves out the QAT simulations, so the
 model-level comparison runs with them off (qat=False / ZEN5_QAT_SIM=0); the simulations are
-checked bit for bit against a numpy + ml_dtypes implementation (tests/dsv4_qat.py).
+checked bit for bit against a numpy + ml_dtypes implementation (tests/dsv4_qat.py), and the model
+with them on against transformers with those numpy simulations hooked in at the official points.
 
 Over 700 tokens (every window closes many times, the raw ring wraps, the indexer selects):
 logits within 2e-4 * max(1, max|logit|) at every position on every tier, the same argmax, the
@@ -22,7 +23,7 @@ import sys
 import numpy as np
 import pytest
 from dsv4_checkpoint import load_oracle, make_checkpoint, margin_tokens, oracle_greedy, oracle_logits, oracle_taps
-from dsv4_qat import fp4_sim, fp8_sim, hadamard
+from dsv4_qat import fp4_sim, fp8_sim, hadamard, indexer_qat, kv_fp8_sim
 from tiers import TIERS
 
 from zen5 import _native
@@ -72,6 +73,57 @@ def test_logits_match_transformers_at_every_position(engine, reference, tokens, 
           f"(max |logit| {np.abs(reference).max():.2f})")
     assert np.all(diff <= bound), np.nonzero(diff > bound)[0][:10]
     assert np.array_equal(got.argmax(axis=1), reference.argmax(axis=1))
+
+
+def with_qat(model):
+    """transformers' model with the official QAT simulations (tests/dsv4_qat.py) hooked in: FP8 on
+    the non-RoPE part of every KV row and compressed row (after the norm; RoPE leaves that part
+    alone, so before or after it is the same), Hadamard + FP4 on the indexer's queries and keys
+    where they meet (the scorer's inputs, after RoPE). Returns the hook handles."""
+    import torch
+
+    rd = model.config.qk_rope_head_dim
+
+    def fp8(module, args, out):
+        return torch.from_numpy(kv_fp8_sim(out.detach().numpy(), rd))
+
+    def indexer(module, args):
+        q, k, h = args
+        return torch.from_numpy(indexer_qat(q.detach().numpy())), torch.from_numpy(indexer_qat(k.detach().numpy())), h
+
+    handles = []
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        handles.append(attn.kv_norm.register_forward_hook(fp8))
+        if attn.compressor is not None:
+            handles.append(attn.compressor.kv_norm.register_forward_hook(fp8))
+            if hasattr(attn.compressor, "indexer"):
+                handles.append(attn.compressor.indexer.scorer.register_forward_pre_hook(indexer))
+    return handles
+
+
+def test_with_the_qat_simulations_logits_match_the_hooked_oracle(engine, oracle, tokens, reference):
+    """Spec 4.4 check 3: rare FP8/FP4 rounding flips from f32 noise are allowed for."""
+    handles = with_qat(oracle)
+    try:
+        want = oracle_logits(oracle, tokens).astype(np.float64)
+    finally:
+        for h in handles:
+            h.remove()
+    got = context(engine, qat=True).eval(tokens, True).astype(np.float64)
+    diff = np.abs(got - want)
+
+    def log_softmax(x):
+        x = x - x.max(axis=1, keepdims=True)
+        return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+
+    lp, lq = log_softmax(want), log_softmax(got)
+    kl = (np.exp(lp) * (lp - lq)).sum(axis=1)
+    print(f"\nQAT on: max |diff| {diff.max():.2e}, mean {diff.mean():.2e}, max KL {kl.max():.1e}; "
+          f"the simulations move the logits by {np.abs(want - reference).max():.2f}")
+    assert diff.max() <= 1e-2 and diff.mean() <= 1e-3 and kl.max() <= 1e-5
+    assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
+    assert np.abs(want - reference).max() > 0.1, "the simulations must matter on this model"
 
 
 def test_expert_ids_and_indexer_selections_match(engine, oracle, tokens):
