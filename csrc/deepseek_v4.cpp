@@ -88,7 +88,7 @@ const float* V4Context::freq(int l) const {
 
 size_t V4Context::bytes_per_token() const {
     const V4Config& c = model_->cfg;
-    double b = 0;
+    double b = 4;  // the token id (a rewind may replay it)
     for (int r : c.ratios) {
         b += c.head_dim * 4.0;
         if (r) b += c.head_dim * 4.0 / r;

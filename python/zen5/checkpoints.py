@@ -43,8 +43,11 @@ File name `<key>.z5kv`, key = the first 32 hex digits of SHA-256(text as UTF-8).
                  so exact replay of those calls survives a restart.
     +tools       tokens: u32 x n_tokens
     +4n          logits: f32 x n_vocab, the next-token logits after the last stored token
-    +4V          KV: the native Context.snapshot() blob, kv_bytes long (its own header with the
-                 build id, fingerprint, matmul path and KV type; per layer K then V rows
+    +4V          KV: the native snapshot blob, kv_bytes long. DeepSeek V4 engines write their own
+                 kind (DeepSeekV4Context.snapshot(), magic ZEN5DSV4: tokens, logits, raw window,
+                 compressed and indexer rows, pending compressor inputs; deepseek_v4.cpp), which
+                 a Llama-family context refuses and vice versa. Otherwise Context.snapshot()
+                 (its own header with the build id, fingerprint, matmul path and KV type; per layer K then V rows
                  (n_tokens, kv_dim) in the cache's type (f32, f16, or int8 followed by the K then
                  V scales (n_head_kv, n_tokens) f32 for q8_0); the logits again; its own
                  checksum); restore is bit exact and refuses another matmul path or KV type
