@@ -66,7 +66,8 @@ def chat_turns(srv):
                                                "parameters": SCHEMA}}]
     msgs = [{"role": "user", "content": QUESTION}]
     r = client.chat.completions.create(model="m", messages=msgs, tools=tools, tool_choice="required",
-                                       parallel_tool_calls=False, max_tokens=200, temperature=1.0, reasoning_effort="none")
+                                       parallel_tool_calls=False, max_tokens=200, temperature=1.0,
+                                       reasoning_effort="none")
     m = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls" and m.tool_calls[0].function.name == "get_weather"
     json.loads(m.tool_calls[0].function.arguments)
@@ -81,7 +82,8 @@ def responses_turns(srv):
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="k", max_retries=0)
     tools = [{"type": "function", "name": "get_weather", "description": "Weather for a city", "parameters": SCHEMA}]
     r = client.responses.create(model="m", input=QUESTION, tools=tools, tool_choice="required",
-                                parallel_tool_calls=False, max_output_tokens=200, temperature=1.0, reasoning={"effort": "none"})
+                                parallel_tool_calls=False, max_output_tokens=200, temperature=1.0,
+                                reasoning={"effort": "none"})
     call = next(o for o in r.output if o.type == "function_call")
     assert call.name == "get_weather"
     first = srv.trace()[-1]
