@@ -22,9 +22,9 @@ import sys
 
 import numpy as np
 import pytest
+
 from dsv4_checkpoint import load_oracle, make_checkpoint, margin_tokens, oracle_greedy, oracle_logits, oracle_taps
 from dsv4_qat import fp4_sim, fp8_sim, hadamard, indexer_qat, kv_fp8_sim
-
 from tiers import TIERS
 from zen5 import _native
 from zen5.engine import Engine
