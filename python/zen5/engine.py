@@ -10,12 +10,11 @@ so a multi-byte character split across tokens never leaks half-formed.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from zen5 import _native, overrides
+from zen5 import _native, cpu_topology, overrides
 from zen5.config import SUPPORTED_TYPES, ModelConfig
 from zen5.deepseek_v4_config import DeepSeekV4Config
 from zen5.loader import LoadedWeights, load_weights
@@ -29,10 +28,8 @@ DEFAULT_MAX_CTX = 16384  # default context cap: the fp32 KV cache grows linearly
 
 
 def default_threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    """The physical cores of one NUMA node that this process may run on (cpu_topology.py)."""
+    return cpu_topology.default_threads()
 
 
 @dataclass
