@@ -43,6 +43,7 @@ def test_nps4_uses_one_node(tmp_path):
 def test_affinity_picks_the_node_it_allows(tmp_path):
     cpus = machine(tmp_path, 2, 4, 2)
     socket1 = {4, 5, 6, 7, 12, 13, 14, 15}      # numactl --cpunodebind=1
+    assert socket1 < cpus
     assert default_threads(socket1, tmp_path) == 4
     assert default_threads({0, 8, 4}, tmp_path) == 1  # cpu 0 and its sibling 8 on node 0: one core
 
