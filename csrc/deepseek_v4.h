@@ -1,7 +1,7 @@
 // DeepSeek V4 (Flash): the model and one sequence's state, beside the Llama-family decoder
 // (decoder.h) with the same contract: eval appends tokens, rewind forgets positions exactly,
 // snapshot/restore is bit exact. ../shared/specs/deepseek-v4-architecture.md is the design; the
-// independent oracle is transformers' DeepseekV4ForCausalLM (tests/test_deepseek_v4.py).
+// independent oracle is transformers' DeepseekV4ForCausalLM (tests/test_deepseek_v4_engine.py).
 //
 // What differs from a Llama decoder, and where it lives here:
 //  - the residual is hc_mult streams mixed by hyper-connections (hc_pre/hc_post, Sinkhorn);
