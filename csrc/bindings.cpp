@@ -68,6 +68,13 @@ int dtype_id(const std::string& dt) {
     throw BadModel("unsupported tensor dtype " + dt);
 }
 
+// A flat (tokens * n_layers * k) record as a (tokens, n_layers, k) array.
+py::array_t<int32_t> per_layer(const std::vector<int32_t>& v, int n_layers, int k) {
+    py::array_t<int32_t> a({py::ssize_t(v.size() / (size_t(n_layers) * k)), py::ssize_t(n_layers), py::ssize_t(k)});
+    std::memcpy(a.mutable_data(), v.data(), v.size() * 4);
+    return a;
+}
+
 struct PyV4Model {
     std::shared_ptr<V4Model> model;
     std::vector<py::object> keepalive;
@@ -77,6 +84,55 @@ py::array_t<float> to_array(const std::vector<float>& v) {
     py::array_t<float> a(v.size());
     std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(float));
     return a;
+}
+
+// The methods a sequence's state offers Python, the same for Context and V4Context so zen5.engine
+// drives either: eval (logits of every token or only the last), rewind (optionally handing back
+// the last logits), snapshot/restore, logits, n_past, n_ctx. The math runs without the GIL.
+template <class Ctx, class Vocab>
+void def_state_api(py::class_<Ctx>& cls, Vocab vocab) {
+    cls.def("eval", [vocab](Ctx& c, const std::vector<int32_t>& tokens, bool all_logits) -> py::object {
+           const int n = int(tokens.size());
+           if (!all_logits) {
+               py::gil_scoped_release nogil;
+               c.eval(tokens.data(), n);
+               return py::none();
+           }
+           py::array_t<float> out({py::ssize_t(n), py::ssize_t(vocab(c))});
+           float* dst = out.mutable_data();
+           {
+               py::gil_scoped_release nogil;
+               c.eval(tokens.data(), n, dst);
+           }
+           return out;
+       },
+       py::arg("tokens"), py::arg("all_logits") = false)
+        .def("rewind", [vocab](Ctx& c, int n, std::optional<F32Array> last_logits) {
+                 if (last_logits && (last_logits->ndim() != 1 || last_logits->shape(0) != vocab(c)))
+                     throw ZenError("rewind: last_logits must be a (vocab_size,) float32 array");
+                 py::gil_scoped_release nogil;  // a DeepSeek V4 rewind may evaluate tokens again
+                 c.rewind(n, last_logits ? last_logits->data() : nullptr);
+             },
+             py::arg("n"), py::arg("last_logits") = py::none())
+        .def("snapshot", [](const Ctx& c) {
+            std::string s;
+            {
+                py::gil_scoped_release nogil;
+                s = c.snapshot();
+            }
+            return py::bytes(s);
+        })
+        .def("restore", [](Ctx& c, const py::bytes& b) {
+            std::string s = b;
+            py::gil_scoped_release nogil;
+            c.restore(s);
+        }, py::arg("blob"))
+        .def("logits", [](const Ctx& c) {
+            if (!c.logits_valid()) throw ZenError("no logits: evaluate at least one token first");
+            return to_array(c.logits());
+        })
+        .def_property_readonly("n_past", &Ctx::n_past)
+        .def_property_readonly("n_ctx", &Ctx::n_ctx);
 }
 
 }  // namespace
@@ -140,7 +196,8 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("n_params", [](const PyModel& p) { return p.model->n_params; })
         .def_property_readonly("threads", [](const PyModel& p) { return p.model->pool.size(); });
 
-    py::class_<Context>(m, "Context")
+    py::class_<Context> context(m, "Context");
+    context
         // kv: "f32" | "f16" | "q8_0"; "" takes the matmul path's default (int8: f16, f32: f32)
         .def(py::init([](const PyModel& pm, int n_ctx, const std::string& isa, const std::string& matmul,
                          const std::string& kv) {
@@ -153,49 +210,8 @@ PYBIND11_MODULE(_native, m) {
              py::keep_alive<1, 2>())
         .def_property_readonly("isa", &Context::isa)
         .def_property_readonly("kv_type", [](const Context& c) { return kv_type_name(c.kv_type()); })
-        .def_property_readonly("kv_bytes_per_token", &Context::kv_bytes_per_token)
-        .def("eval", [](Context& c, const std::vector<int32_t>& tokens, bool all_logits) -> py::object {
-                 const int n = int(tokens.size());
-                 if (!all_logits) {
-                     py::gil_scoped_release nogil;
-                     c.eval(tokens.data(), n);
-                     return py::none();
-                 }
-                 py::array_t<float> out({py::ssize_t(n), py::ssize_t(c.model().cfg.vocab_size)});
-                 float* dst = out.mutable_data();
-                 {
-                     py::gil_scoped_release nogil;
-                     c.eval(tokens.data(), n, dst);
-                 }
-                 return out;
-             },
-             py::arg("tokens"), py::arg("all_logits") = false)
-        .def("rewind", [](Context& c, int n, std::optional<F32Array> last_logits) {
-                 if (!last_logits) return c.rewind(n);
-                 if (last_logits->ndim() != 1 || last_logits->shape(0) != c.model().cfg.vocab_size)
-                     throw ZenError("rewind: last_logits must be a (vocab_size,) float32 array");
-                 c.rewind(n, last_logits->data());
-             },
-             py::arg("n"), py::arg("last_logits") = py::none())
-        .def("snapshot", [](const Context& c) {
-            std::string s;
-            {
-                py::gil_scoped_release nogil;
-                s = c.snapshot();
-            }
-            return py::bytes(s);
-        })
-        .def("restore", [](Context& c, const py::bytes& b) {
-            std::string s = b;
-            py::gil_scoped_release nogil;
-            c.restore(s);
-        }, py::arg("blob"))
-        .def("logits", [](const Context& c) {
-            if (!c.logits_valid()) throw ZenError("no logits: evaluate at least one token first");
-            return to_array(c.logits());
-        })
-        .def_property_readonly("n_past", &Context::n_past)
-        .def_property_readonly("n_ctx", &Context::n_ctx);
+        .def_property_readonly("kv_bytes_per_token", &Context::kv_bytes_per_token);
+    def_state_api(context, [](const Context& c) { return c.model().cfg.vocab_size; });
 
     // DeepSeek V4 (deepseek_v4.h): tensors under the official names, [(name, dtype, shape, uint8 array)]
     py::class_<PyV4Model>(m, "DeepSeekV4Model")
@@ -227,7 +243,8 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("threads", [](const PyV4Model& p) { return p.model->pool.size(); });
 
     // The same methods as Context, so zen5.engine drives either.
-    py::class_<V4Context>(m, "DeepSeekV4Context")
+    py::class_<V4Context> v4context(m, "DeepSeekV4Context");
+    v4context
         .def(py::init([](const PyV4Model& pm, int n_ctx, const std::string& isa, bool qat) {
                  return std::make_unique<V4Context>(pm.model, n_ctx, isa.empty() ? nullptr : &kernels_for(isa), qat);
              }),
@@ -237,66 +254,14 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("kv_type", [](const V4Context&) { return "f32"; })
         .def_property_readonly("kv_bytes_per_token", &V4Context::bytes_per_token)
         .def_property_readonly("rebuilt_tokens", &V4Context::rebuilt_tokens)
-        .def("eval", [](V4Context& c, const std::vector<int32_t>& tokens, bool all_logits) -> py::object {
-                 const int n = int(tokens.size());
-                 if (!all_logits) {
-                     py::gil_scoped_release nogil;
-                     c.eval(tokens.data(), n);
-                     return py::none();
-                 }
-                 py::array_t<float> out({py::ssize_t(n), py::ssize_t(c.model().cfg.vocab)});
-                 float* dst = out.mutable_data();
-                 {
-                     py::gil_scoped_release nogil;
-                     c.eval(tokens.data(), n, dst);
-                 }
-                 return out;
-             },
-             py::arg("tokens"), py::arg("all_logits") = false)
-        .def("rewind", [](V4Context& c, int n, std::optional<F32Array> last_logits) {
-                 py::gil_scoped_release nogil;  // a rewind may replay tokens
-                 if (!last_logits) return c.rewind(n);
-                 if (last_logits->ndim() != 1 || last_logits->shape(0) != c.model().cfg.vocab)
-                     throw ZenError("rewind: last_logits must be a (vocab_size,) float32 array");
-                 c.rewind(n, last_logits->data());
-             },
-             py::arg("n"), py::arg("last_logits") = py::none())
-        .def("snapshot", [](const V4Context& c) {
-            std::string s;
-            {
-                py::gil_scoped_release nogil;
-                s = c.snapshot();
-            }
-            return py::bytes(s);
-        })
-        .def("restore", [](V4Context& c, const py::bytes& b) {
-            std::string s = b;
-            py::gil_scoped_release nogil;
-            c.restore(s);
-        }, py::arg("blob"))
-        .def("logits", [](const V4Context& c) {
-            if (!c.logits_valid()) throw ZenError("no logits: evaluate at least one token first");
-            return to_array(c.logits());
-        })
         // the last eval's expert ids (n, n_layers, top_k) and indexer picks (n, n_layers, index_topk; -1 pads)
         .def("last_experts", [](const V4Context& c) {
-            const auto& v = c.last_experts();
-            const auto& cfg = c.model().cfg;
-            py::array_t<int32_t> a({py::ssize_t(v.size() / (size_t(cfg.n_layers) * cfg.top_k)), py::ssize_t(cfg.n_layers),
-                                    py::ssize_t(cfg.top_k)});
-            std::memcpy(a.mutable_data(), v.data(), v.size() * 4);
-            return a;
+            return per_layer(c.last_experts(), c.model().cfg.n_layers, c.model().cfg.top_k);
         })
         .def("last_selected", [](const V4Context& c) {
-            const auto& v = c.last_selected();
-            const auto& cfg = c.model().cfg;
-            const size_t k = std::max(cfg.index_topk, 1);
-            py::array_t<int32_t> a({py::ssize_t(v.size() / (size_t(cfg.n_layers) * k)), py::ssize_t(cfg.n_layers), py::ssize_t(k)});
-            std::memcpy(a.mutable_data(), v.data(), v.size() * 4);
-            return a;
-        })
-        .def_property_readonly("n_past", &V4Context::n_past)
-        .def_property_readonly("n_ctx", &V4Context::n_ctx);
+            return per_layer(c.last_selected(), c.model().cfg.n_layers, std::max(c.model().cfg.index_topk, 1));
+        });
+    def_state_api(v4context, [](const V4Context& c) { return c.model().cfg.vocab; });
 
     register_testing(m);
 }

@@ -193,13 +193,8 @@ V4Model::V4Model(V4Config c, const std::vector<TensorIn>& tensors, std::vector<f
     h = hash_bytes(freq_main.data(), freq_main.size() * 4, h);
     h = hash_bytes(freq_compress.data(), freq_compress.size() * 4, h);
     for (const auto& [name, t] : b.by) {
-        h = hash_bytes(name.data(), name.size(), h);
-        h = hash_bytes(&t->type, sizeof t->type, h);
-        h = hash_bytes(t->shape.data(), t->shape.size() * 8, h);
-        h = hash_bytes(t->data, t->nbytes, h);
-        int64_t n = 1;
-        for (int64_t d : t->shape) n *= d;
-        n_params += n;
+        h = hash_tensor(*t, h);
+        n_params += t->elements();
     }
     fingerprint = h;
 }

