@@ -23,6 +23,15 @@ Workload (fixed; see workload.py for the test definitions and the text):
   frontier  Q4_1 at 2 threads: the text walked to 512, 1024, ... 8192 tokens (frontier.py), with
             the f16 KV cache (the default) and the q8_0 one, interleaved frontier by frontier;
             the f16 engine's decode is timed a second time with prompt lookup (lookup.py).
+  --model-size 1.7b|8b   instead of the modes above: real model sizes (real_bench.py, issue 21):
+            zen5 against the tier's llama.cpp builds on Llama GGUFs at SmolLM2-1.7B's or
+            Llama-3-8B's widths with random weights (real_models.py, cached in
+            ~/.cache/zen5/bench-models; speed does not depend on the weights' values, and the run
+            says so), in Q4_0, Q4_1, Q8_0 and BF16 (--types restricts): pp512 and tg128 at 1 and 2
+            threads, 3 repetitions unless --repeat; per engine the load time (open to first token)
+            and the peak resident memory during load and after (zen5 in a fresh child process per
+            block, llama.cpp through a `llama-bench -p 0 -n 1,16` probe); decode as bytes per token
+            (the matrices' bytes) over the DRAM read roof measured in the same run.
 Every repetition runs each engine once per (quant, threads), engines in a rotating order, so
 zen5 and the peers share each time window (this VM drifts 5-20% between runs minutes apart).
 Each engine block starts with a warm-up (pp64, tg8) that is never recorded. Default 5
@@ -41,12 +50,16 @@ AMD_EPYC_Zen4-avx2-bench.csv, so it is kept beside the best tier's files):
                       default f16 cache; <cpu>-frontier-kv-<type>.csv the other cache types' (the
                       plot shows every type); <cpu>-frontier-lookup.csv the f16 decode with
                       prompt lookup (same tokens; a dashed curve in the plot);
+  <cpu>-real.csv      (--model-size) appended, one row per (engine, type, threads, test) with
+                      test pp512 / tg128 / load / failed (columns real_bench.REAL_COLUMNS);
   stdout              a table with zen5/peer ratios, then one JSON line with the headline.
 A full run into bench/results also regenerates the README's Performance section (report.py).
 
 One command for the recorded run: python -m zen5 bench --wait-quiet 20
 Smoke run (1 repeat, pp128 + tg128, Q4_1, no peers, a 2-point frontier): python -m zen5 bench --quick
 The AVX2 tier on an AVX-512 CPU: python -m zen5 bench --isa avx2 (needs the llama.cpp-avx2 build)
+Real model sizes: python -m zen5 bench --model-size 1.7b --wait-quiet 20 (then --model-size 8b);
+  a smoke run of that code: python -m zen5 bench --model-size tiny --prompts 64 --gen 16 --repeat 1 --out /tmp/x
 """
 from __future__ import annotations
 
@@ -67,6 +80,8 @@ if str(HERE) not in sys.path:
 import frontier as frontier_mod  # noqa: E402
 import roofline  # noqa: E402
 from peers import ALL_PEERS, LLAMA_PEERS, TIERS, TORCH_DTYPES, LlamaBench, TorchWorker, cpu_flags, default_peers  # noqa: E402
+from real_models import SHAPES  # noqa: E402
+from real_models import TYPES as REAL_TYPES  # noqa: E402
 from results_log import commit, cpu_name  # noqa: E402
 from workload import QUANTS, ROOT, Zen5Runner, fixed_text, model_path, n_tokens, weight_stats  # noqa: E402
 
@@ -98,14 +113,20 @@ class BenchConfig:
     wait_quiet: float = 0.0        # minutes to wait for the 1-minute load average to drop
     quiet_load: float = 1.0
     workload: str = "full"
+    model_size: str = ""           # "1.7b" / "8b": the real-model-size mode (real_bench.py) instead of the modes
+    types: tuple[str, ...] = ()    # that mode's weight types; (): real_models.TYPES
+    models_dir: str = ""           # where real_models.py caches its files; "": ~/.cache/zen5/bench-models
 
     def __post_init__(self):
         bad = [m for m in self.modes if m not in MODES] + [q for q in self.quants if q not in QUANTS] \
             + [p for p in self.peers or () if p not in ALL_PEERS] \
             + ([self.isa] if self.isa and self.isa not in TIERS else []) \
             + [k for k in self.frontier_kv if k not in ("f16", "f32", "q8_0")]
+        bad += [self.model_size] if self.model_size and self.model_size not in SHAPES else []
+        bad += [t for t in self.types if t not in REAL_TYPES]
         if bad or not self.frontier_kv:
-            raise ValueError(f"unknown mode / quant / peer / ISA tier / KV type: {', '.join(bad) or 'no KV type'}")
+            raise ValueError(f"unknown mode / quant / peer / ISA tier / KV type / model size / type: "
+                             f"{', '.join(bad) or 'no KV type'}")
         if self.repeat < 1 or self.gen < 1 or min(self.threads) < 1 or min(self.prompts) < 1:
             raise ValueError("repeat, gen, threads and prompts must be >= 1")
         if self.frontier_step < 1 or self.frontier_gen < 1 or self.frontier_repeat < 1:
@@ -439,6 +460,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frontier-threads", type=int, help=f"default {d.frontier_threads}")
     p.add_argument("--frontier-repeat", type=int, help=f"default {d.frontier_repeat}")
     p.add_argument("--frontier-kv", type=_csv_list(str), help=f"KV cache types (default {','.join(d.frontier_kv)})")
+    p.add_argument("--model-size", choices=tuple(SHAPES),
+                   help="real model sizes instead of the modes: zen5 against llama.cpp on a 1.7B- or 8B-shaped "
+                        "GGUF with random weights (bench/real_models.py; tiny: a smoke run of the code only): "
+                        f"pp512, tg128, load time and memory, {real_bench_repeat()} repetitions unless --repeat")
+    p.add_argument("--types", type=_csv_list(str),
+                   help=f"--model-size: the weight types (default {','.join(REAL_TYPES)})")
+    p.add_argument("--models-dir", help="--model-size: the model cache (default ~/.cache/zen5/bench-models)")
     p.add_argument("--out", help="results directory (default bench/results)")
     p.add_argument("--wait-quiet", type=float, metavar="MIN",
                    help="first wait up to MIN minutes for the 1-minute load average to drop below --quiet-load")
@@ -447,20 +475,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="do not regenerate the README Performance section after a full run")
 
 
+def real_bench_repeat() -> int:
+    from real_bench import REAL_REPEAT
+    return REAL_REPEAT
+
+
 def config_from_args(a: argparse.Namespace) -> BenchConfig:
     cfg = BenchConfig.quick() if a.quick else BenchConfig()
     changes = {f.name: getattr(a, f.name) for f in fields(BenchConfig)
                if getattr(a, f.name, None) is not None}
-    # the tier is not a change of workload: an --isa run is "full" (its own files, see result_stem)
-    if changes and not a.quick and set(changes) - {"out", "wait_quiet", "quiet_load", "isa"}:
+    # the tier is not a change of workload: an --isa run is "full" (its own files, see result_stem);
+    # nor is the model size or where its files are cached
+    if changes and not a.quick and set(changes) - {"out", "wait_quiet", "quiet_load", "isa", "model_size",
+                                                   "models_dir"}:
         changes["workload"] = "custom"
+    if changes.get("model_size"):  # that mode's own workload: pp512 + tg128, REAL_REPEAT repetitions
+        changes.setdefault("prompts", (512,) if not a.quick else cfg.prompts)
+        changes.setdefault("repeat", real_bench_repeat() if not a.quick else cfg.repeat)
     return replace(cfg, **changes)
 
 
 def run_cli(a: argparse.Namespace) -> int:
     cfg = config_from_args(a)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731  (stdout: table + JSON)
-    head = Run(cfg, log=lambda m: print(m, flush=True)).execute()
+    if cfg.model_size:
+        import real_bench
+        head = real_bench.RealRun(cfg, log=lambda m: print(m, flush=True)).execute()
+    else:
+        head = Run(cfg, log=lambda m: print(m, flush=True)).execute()
     default_out = Path(cfg.out).resolve() == (ROOT / "bench" / "results").resolve()
     if cfg.workload == "full" and default_out and not a.no_readme:
         import report

@@ -130,12 +130,14 @@ class LlamaBench:
     def describe(self, quant: str, threads: int) -> tuple[str, str]:
         return self.build, self.isa
 
-    def run(self, quant: str, threads: int, tokens: list[int], tests: list[str]) -> dict[str, float]:
+    def run(self, quant: str, threads: int, tokens: list[int], tests: list[str],
+            model: str | None = None) -> dict[str, float]:
+        """Seconds per test on `model` (default: the kernel workload's file for `quant`)."""
         from workload import model_path
 
         pp = [t for t in list(WARMUP) + tests if t.startswith("pp")]
         tg = [t for t in list(WARMUP) + tests if t.startswith("tg")]
-        cmd = [str(self.exe), "-m", model_path(quant), "-t", str(threads), "-r", "1", "--no-warmup",
+        cmd = [str(self.exe), "-m", model or model_path(quant), "-t", str(threads), "-r", "1", "--no-warmup",
                "-o", "json", "-p", ",".join(str(n_tokens(t)) for t in pp) or "0",
                "-n", ",".join(str(n_tokens(t)) for t in tg) or "0"]
         proc = subprocess.run(cmd, capture_output=True, text=True)

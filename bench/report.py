@@ -6,7 +6,10 @@ the roofs measured in that run from `<cpu>-roofline.csv`, and the frontier walk 
 same walk); then one more table per run of a forced lower ISA tier, `<cpu>-<tier>-bench.csv`
 (`python -m zen5 bench --isa avx2`: its latest full or custom run, with its own roofs and
 peers), and replaces everything between `<!-- bench:start -->` and
-`<!-- bench:end -->` in README.md. `python -m zen5 bench` calls it after a full run into
+`<!-- bench:end -->` in README.md. Last, "Real model sizes" from `<stem>-real.csv` (`python -m
+zen5 bench --model-size 1.7b|8b`, bench/real_bench.py): per file, model size and weight type the
+latest full or custom run (the sizes and types may come from separate runs), a speed table and a
+load / memory table. `python -m zen5 bench` calls it after a full run into
 bench/results; run it by hand after editing this file:
     python bench/report.py [--results DIR] [--readme README.md] [--print]
 """
@@ -23,7 +26,9 @@ START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 PEERS = (("llama.cpp-native", "llama.cpp native"), ("llama.cpp-avx512", "llama.cpp AVX-512"),
          ("llama.cpp-amx", "llama.cpp AMX"), ("llama.cpp-avx2", "llama.cpp AVX2"),
          ("torch-fp32", "PyTorch fp32"), ("torch-bf16", "PyTorch bf16"))
-QUANT_ORDER = {"Q4_1": 0, "Q8_0": 1, "BF16": 2}
+QUANT_ORDER = {"Q4_0": -1, "Q4_1": 0, "Q8_0": 1, "BF16": 2}
+SIZE_ORDER = {"1.7b": 0, "8b": 1}
+SIZE_NAMES = {"1.7b": "1.7B (SmolLM2-1.7B shape)", "8b": "8B (Llama-3-8B shape)"}
 TIERS = ("ref", "avx2", "avx2vnni", "avx512")  # zen5's ISA tiers (bench/peers.py)
 NOISY = 2.0  # a forced-tier row whose max / min tok/s exceeds this is called out as noisy
 ISA_NAMES = {"avx512": "AVX-512", "avx2": "AVX2", "avx2vnni": "AVX2 + AVX-VNNI", "ref": "reference (scalar)"}
@@ -134,13 +139,97 @@ def _roofs(results: Path, stem: str, run_id: str) -> list[dict]:
 
 def render(results: Path) -> str:
     tiers = tier_runs(results)
+    real = [render_real(p, r) for p, r in real_runs(results)]
     try:
         path, rows = latest_run(results)
     except FileNotFoundError:
-        if not tiers:
+        if not tiers and not real:
             raise
-        return "\n\n".join(render_tier(results, p, r) for p, r in tiers)
-    return "\n\n".join([render_best(results, path, rows)] + [render_tier(results, p, r) for p, r in tiers])
+        return "\n\n".join([render_tier(results, p, r) for p, r in tiers] + real)
+    return "\n\n".join([render_best(results, path, rows)] + [render_tier(results, p, r) for p, r in tiers] + real)
+
+
+# ---------------------------------------------------------------- real model sizes
+def real_runs(results: Path) -> list[tuple[Path, list[dict]]]:
+    """Per `<stem>-real.csv`: for each (model size, weight type) the rows of its latest full or
+    custom run (the smoke shape "tiny" and quick runs never render)."""
+    out = []
+    for path in sorted(results.glob("*-real.csv")):
+        rows = [r for r in _read(path) if r["workload"] in ("full", "custom") and r["model_size"] in SIZE_ORDER]
+        latest: dict[tuple, str] = {}
+        for r in rows:
+            k = (r["model_size"], r["quant"])
+            latest[k] = max(latest.get(k, ""), r["run_id"])
+        keep = [r for r in rows if r["run_id"] == latest[(r["model_size"], r["quant"])]]
+        if keep:
+            out.append((path, keep))
+    return out
+
+
+def _real_key(r: dict) -> tuple:
+    return (SIZE_ORDER.get(r["model_size"], 9), QUANT_ORDER.get(r["quant"], 9), int(r["threads"]),
+            r["test"][:2] == "tg", int(r["n_tokens"] or 0))
+
+
+def _gb(x: str) -> str:
+    return f"{float(x) / 1e9:.2f} GB" if x else "-"
+
+
+def render_real(path: Path, rows: list[dict]) -> str:
+    stem = path.name[:-len("-real.csv")]
+    cpu, tier = split_stem(Path(f"{stem}-bench.csv"))
+    peers = _peers(rows)
+    label = dict(peers, zen5="zen5")
+    speed = [r for r in rows if r["test"] not in ("load", "failed")]
+    by = {(r["engine"], r["model_size"], r["quant"], r["threads"], r["test"]): r for r in rows}
+    runs = sorted({(r["run_id"], r["commit"], r["isa"], r["load1_start"]) for r in rows if r["engine"] == "zen5"})
+    reps = sorted({r["repeats"] for r in speed})
+    steal = statistics.mean(float(r["steal_pct"]) for r in rows)
+    out = ["### Real model sizes", "",
+           f"Generated from `bench/results/{path.name}` (`python -m zen5 bench --model-size 1.7b|8b`, "
+           f"bench/real_bench.py): Llama-architecture GGUFs at real widths with **random weights** "
+           f"(bench/real_models.py; speed does not depend on the weights' values), zen5 against "
+           f"{', '.join(lbl for _, lbl in peers) or 'no peer'} on the same file, interleaved; {cpu.replace('_', ' ')}, "
+           f"zen5's {ISA_NAMES.get(tier or (runs[0][2] if runs else ''), tier)} tier; "
+           + "; ".join(f"run {rid} (commit `{c}`, 1-minute load average {ld} at the start)" for rid, c, _, ld in runs)
+           + f"; {'/'.join(reps)} repetitions (medians, tokens/s), steal {steal:.1f}% of CPU time. "
+           f"*roof*: decode GB/s (tok/s x the matrices' bytes, read once per token) over the DRAM read "
+           f"bandwidth measured in the same run at the same thread count; prefill GOP/s (2 x matmul "
+           f"parameters per token) over the tier's int8 peak (BF16: the fp32 FMA peak).", ""]
+    out += ["| model | weights | threads | test | zen5 | " + " | ".join(lbl for _, lbl in peers) + " | zen5 of roof |",
+            "|---|---|---:|---|---:|" + "---:|" * len(peers) + "---:|"]
+    for r in sorted((r for r in speed if r["engine"] == "zen5"), key=_real_key):
+        z = float(r["tps_median"])
+        found = [by.get((k, r["model_size"], r["quant"], r["threads"], r["test"])) for k, _ in peers]
+        best = max([z] + [float(p["tps_median"]) for p in found if p])
+        bold = lambda v, text: f"**{text}**" if v == best else text  # noqa: E731  the row's fastest
+        cells = [bold(float(p["tps_median"]), f"{_fmt(float(p['tps_median']))} ({z / float(p['tps_median']):.2f}x)")
+                 if p else "-" for p in found]
+        roof = f"{100 * float(r['frac_roof']):.0f}%" if r["frac_roof"] else "-"
+        out.append(f"| {r['model_size'].upper()} | {r['quant']} | {r['threads']} | {r['test']} | {bold(z, _fmt(z))} | "
+                   + " | ".join(cells) + f" | {roof} |")
+    out += ["", "Load (open to first token; zen5: `load_weights` to the first token's logits in a fresh process; "
+                "llama.cpp: starting `llama-bench -p 0 -n 1` to its first result) and resident memory "
+                "(/proc/<pid>/status: VmHWM, the peak during load and the first token; VmRSS after it), "
+                "medians (peak: the max) over the repetitions; zen5's KV cache (sized for the tests) apart. "
+                "*reads/token*: the matrix bytes one decoded token reads.", "",
+            "| model | weights | file | reads/token | engine | threads | load | peak RSS (load) | RSS after load "
+            "| KV cache |", "|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    tg = {(r["model_size"], r["quant"]): r["bytes_per_token"] for r in speed if r["bytes_per_token"]}
+    order = {"zen5": 0, **{k: i + 1 for i, (k, _) in enumerate(peers)}}
+    loads = sorted((r for r in rows if r["test"] == "load"),
+                   key=lambda r: _real_key(r) + (order.get(r["engine"], 9),))
+    for r in loads:
+        out.append(f"| {r['model_size'].upper()} | {r['quant']} | {_gb(r['file_bytes'])} | "
+                   f"{_gb(tg.get((r['model_size'], r['quant']), ''))} | {label.get(r['engine'], r['engine'])} | "
+                   f"{r['threads']} | {float(r['load_s_median']):.2f} s | {_gb(r['rss_peak_load_bytes'])} | "
+                   f"{_gb(r['rss_after_load_bytes'])} | {_gb(r['kv_bytes'])} |")
+    failed = [r for r in rows if r["test"] == "failed"]
+    if failed:
+        out += ["", "Not measured: " + "; ".join(
+            f"{label.get(r['engine'], r['engine'])} {r['model_size'].upper()} {r['quant']} {r['threads']}t: {r['note']}"
+            for r in sorted(failed, key=_real_key)) + "."]
+    return "\n".join(out)
 
 
 def render_tier(results: Path, path: Path, rows: list[dict]) -> str:

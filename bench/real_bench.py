@@ -1,0 +1,407 @@
+"""`python -m zen5 bench --model-size 1.7b|8b`: zen5 against llama.cpp at real model sizes (issue 21).
+
+The models are Llama-architecture GGUFs at real widths with random weights (bench/real_models.py,
+cached outside the repository): speed does not depend on the weights' values, and the run says so.
+Per type (default: Q4_0, Q4_1, Q8_0 and BF16; --types restricts) and thread count (1 and 2), each
+repetition runs every engine once in a rotating order (the kernel / peers modes' interleaving),
+each engine's block being:
+  zen5       a fresh child process (this file, --worker) that loads the file and evaluates one
+             token: "load" is open (load_weights) to the first token's logits, Python start-up and
+             imports excluded; it then reads its own /proc/self/status: VmHWM (peak resident
+             memory, during load and the first token) and VmRSS (resident after it); the KV cache
+             it allocated (n_ctx x kv_bytes_per_token, n_ctx sized for the tests) is reported
+             apart. Then the warm-up (pp64, tg8, not recorded) and the tests (pp512, tg128, the
+             runner of workload.py), and the child exits, so no engine holds memory while the
+             other runs and one that fails (e.g. out of memory) costs only its own rows.
+  llama.cpp  the peer build of the tier (peers.py): a load probe, `llama-bench -p 0 -n 1,16 -r 1
+             --no-warmup -o jsonl`: "load" is the wall time from starting the process to its
+             first result line (model load, context, one decoded token: open to first token,
+             process start included: a static binary, milliseconds), and /proc/<pid>/status read
+             at that moment gives VmHWM and VmRSS (the process is then busy with the 16-token
+             test, so it has not begun to free anything; it is killed there). llama-bench has no
+             load-time figure of its own and llama-cli is not built (build_peers.sh builds only
+             llama-bench). Then the tests through llama-bench as in the peers mode, same file.
+Both engines read the file from the page cache (warm after the first block).
+
+Decode bytes per token: the bytes the matmuls read per decoded token, the sum of the matrices'
+bytes in the file (the output head once; an untied token_embd is a row lookup and not counted).
+A tg row's achieved GB/s = tok/s x that, and frac_roof divides it by the DRAM read bandwidth
+measured in the same run at the same thread count (roofline.py, "read_dram_gbps"): these models
+do not fit in the last-level cache, so DRAM is the roof. A pp row's achieved GOP/s = tok/s x 2 x
+matmul parameters, over the tier's int8 peak (BF16: the fp32 FMA peak), as in the kernel mode.
+
+Output: `<stem>-real.csv` in --out (appended; columns REAL_COLUMNS; stem as the harness's), one
+row per (engine, type, threads, test) with test pp512 / tg128, plus a "load" row per (engine,
+type, threads) (load_s median/min/max over the repetitions, peak resident bytes during load (max)
+and resident bytes after (median), the KV cache bytes) and a "failed" row for a block that did not
+finish (the note says why). report.py renders them as "Real model sizes" in the README.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import select
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import real_models  # noqa: E402
+from workload import WARMUP, fixed_text, n_tokens, time_test  # noqa: E402
+
+REAL_REPEAT = 3  # the default repetitions of this mode (a 8B block takes minutes)
+REAL_COLUMNS = ("run_id", "date", "commit", "cpu", "workload", "engine", "build", "isa", "model_size", "model",
+                "quant", "file_bytes", "weights", "threads", "test", "n_tokens", "repeats", "tps_median", "tps_min",
+                "tps_max", "bytes_per_token", "achieved", "unit", "roof", "frac_roof", "load_s_median", "load_s_min",
+                "load_s_max", "rss_peak_load_bytes", "rss_after_load_bytes", "kv_bytes", "steal_pct", "load1_start",
+                "note")
+
+
+def proc_status(pid: int | str = "self") -> dict[str, int]:
+    """VmHWM / VmRSS (and the other Vm* lines) of /proc/<pid>/status, in bytes."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Vm") and line.endswith("kB"):
+            k, v = line.split(":", 1)
+            out[k] = int(v.split()[0]) * 1024
+    return out
+
+
+def mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def matmul_stats(path: str) -> tuple[int, int]:
+    """(bytes, parameters) of the matrices one decoded token multiplies by: every 2-D tensor once,
+    but not token_embd when an output head exists (then it is only a row lookup)."""
+    import gguf
+
+    r = gguf.GGUFReader(path)
+    names = {t.name for t in r.tensors}
+    lookup = "token_embd.weight" if "output.weight" in names else None
+    mats = [t for t in r.tensors if len(t.shape) == 2 and t.name != lookup]
+    return sum(int(t.n_bytes) for t in mats), sum(int(t.n_elements) for t in mats)
+
+
+# ---------------------------------------------------------------- zen5: one block in a child process
+def worker(spec: dict) -> dict:
+    """The child's work: load, one token (timed, memory read), then the warm-up and the tests."""
+    import numpy as np
+
+    from zen5.engine import Engine
+    from zen5.loader import load_weights
+
+    base = proc_status()
+    t0 = time.perf_counter()
+    weights = load_weights(spec["path"])
+    t1 = time.perf_counter()
+    eng = Engine(weights, threads=spec["threads"], n_ctx=spec["n_ctx"], isa=spec["isa"] or None)
+    t2 = time.perf_counter()
+    eng.native_ctx.eval([0])
+    logits = np.asarray(eng.native_ctx.logits())
+    t3 = time.perf_counter()
+    st = proc_status()
+    finite = bool(np.isfinite(logits).all())
+    eng.native_ctx.rewind(0)
+    out = dict(load_s=t3 - t0, weights_s=t1 - t0, engine_s=t2 - t1, first_token_s=t3 - t2,
+               rss_base=base.get("VmRSS", 0), rss_peak=st.get("VmHWM", 0), rss_after=st.get("VmRSS", 0),
+               kv_bytes=int(eng.native_ctx.kv_bytes_per_token) * eng.n_ctx, finite=finite,
+               build=f"matmul={eng.matmul}", isa=eng.isa, secs={})
+    if spec["tests"]:
+        tokens = eng.tokenizer.encode(fixed_text())
+        eos = sorted(eng.tokenizer.eos_ids)
+        need = max(n_tokens(t) for t in list(WARMUP) + spec["tests"] if t.startswith("pp"))
+        if len(tokens) < need:
+            raise RuntimeError(f"the fixed text has {len(tokens)} tokens, the tests need {need}")
+        for test in list(WARMUP) + list(spec["tests"]):
+            out["secs"][test] = time_test(eng.native_ctx, tokens, test, eos)
+        out["secs"] = {t: out["secs"][t] for t in spec["tests"]}
+    return out
+
+
+class Zen5Block:
+    name = "zen5"
+
+    def __init__(self, isa: str, n_ctx: int):
+        self.isa, self.n_ctx = isa, n_ctx
+
+    def block(self, path: str, threads: int, tests: list[str]) -> dict:
+        spec = dict(path=path, threads=threads, tests=tests, isa=self.isa, n_ctx=self.n_ctx)
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
+                              capture_output=True, text=True)
+        lines = proc.stdout.strip().splitlines()
+        if proc.returncode != 0 or not lines:
+            why = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
+            raise RuntimeError(f"zen5 child failed ({why}{', killed: out of memory?' if proc.returncode == -9 else ''})"
+                               f": {proc.stderr.strip()[-600:]}")
+        res = json.loads(lines[-1])
+        if not res["finite"]:
+            raise RuntimeError("zen5 produced NaN/inf logits")
+        return res
+
+
+# ---------------------------------------------------------------- llama.cpp: load probe + llama-bench
+class LlamaBlock:
+    def __init__(self, bench):  # a peers.LlamaBench
+        self.bench, self.name = bench, bench.name
+
+    def probe(self, path: str, threads: int, timeout: float = 1800) -> dict:
+        """Open to first token and resident memory of `llama-bench -p 0 -n 1,16` (module doc)."""
+        cmd = [str(self.bench.exe), "-m", path, "-t", str(threads), "-r", "1", "--no-warmup", "-o", "jsonl",
+               "-p", "0", "-n", "1,16"]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            deadline = t0 + timeout
+            line, st = "", {}
+            while time.perf_counter() < deadline:
+                ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+                if ready:
+                    line = proc.stdout.readline()
+                    t1 = time.perf_counter()
+                    if not line or '"n_gen"' in line:
+                        break
+            if line:
+                try:
+                    st = proc_status(proc.pid)
+                except OSError:
+                    st = {}
+        finally:
+            proc.kill()
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = status
+        if not line:
+            raise RuntimeError(f"{self.name} load probe gave no result: {' '.join(cmd)}")
+        peak = st.get("VmHWM") or usage.ru_maxrss * 1024
+        return dict(load_s=t1 - t0, rss_peak=peak, rss_after=st.get("VmRSS", 0), kv_bytes="",
+                    first_token_s=json.loads(line)["avg_ns"] / 1e9)
+
+    def block(self, path: str, threads: int, tests: list[str]) -> dict:
+        res = self.probe(path, threads)
+        res["secs"] = self.bench.run("", threads, [], tests, model=path) if tests else {}
+        res["build"], res["isa"] = self.bench.describe("", threads)
+        return res
+
+
+# ---------------------------------------------------------------- the run
+class RealRun:
+    def __init__(self, cfg, log=print):
+        from harness import Run  # the harness's machine / tier / peers resolution
+
+        self.cfg, self.log = cfg, log
+        base = Run(cfg, log)
+        self.cpu, self.commit, self.tier, self.best, self.stem = base.cpu, base.commit, base.tier, base.best, base.stem
+        from peers import LLAMA_PEERS
+
+        dropped = [p for p in base.peers if p not in LLAMA_PEERS]
+        if dropped and cfg.peers is not None:
+            log(f"real model sizes: only llama.cpp peers run here; {', '.join(dropped)} left out")
+        self.peers = tuple(p for p in base.peers if p in LLAMA_PEERS)
+        self.shape = real_models.SHAPES[cfg.model_size]
+        self.types = tuple(cfg.types or real_models.TYPES)
+        self.suffix = "-quick" if cfg.workload == "quick" else ""
+        self.out = Path(cfg.out)
+        self.samples: dict[tuple, list[float]] = {}   # (engine, quant, threads, test) -> seconds
+        self.loads: dict[tuple, list[dict]] = {}      # (engine, quant, threads) -> probe results
+        self.describe: dict[tuple, tuple[str, str]] = {}
+        self.failed: dict[tuple, str] = {}            # (engine, quant, threads) -> why
+        self.roofs: dict[int, dict] = {}
+        self.files: dict[str, str] = {}
+
+    def tests(self) -> list[str]:
+        return [f"pp{n}" for n in self.cfg.prompts] + [f"tg{self.cfg.gen}"]
+
+    def execute(self) -> dict:
+        import harness
+        import roofline
+        from peers import LlamaBench
+
+        cfg = self.cfg
+        self.log(f"real model sizes: {self.shape.name} ({self.shape.n_params() / 1e9:.2f} G parameters), "
+                 f"{', '.join(self.types)}; {real_models.SPEED_NOTE}")
+        for q in self.types:  # write / find the files before timing anything
+            self.files[q] = str(real_models.ensure(self.shape, q, cfg.models_dir or None, log=self.log))
+        self.load1_start = harness.load1()
+        if cfg.wait_quiet > 0:
+            self.load1_start = harness.wait_until_quiet(cfg.wait_quiet, cfg.quiet_load, self.log)
+        self.run_id = datetime.datetime.now().isoformat(timespec="seconds")
+        steal0 = harness.cpu_ticks()
+        if self.tier != "ref":
+            for t in cfg.threads:
+                self.roofs[t] = roofline.measure(t, self.tier)
+                self.log(f"roofline {t}t: DRAM read {self.roofs[t]['read_dram_gbps']:.1f} GB/s")
+        n_ctx = max(max(cfg.prompts), cfg.gen + 1, 64 + 1)
+        engines = [Zen5Block(self.tier, n_ctx)] + [LlamaBlock(LlamaBench(p)) for p in self.peers]
+        self.log(f"zen5 ISA tier {self.tier} (best here: {self.best}); peers: {', '.join(self.peers) or 'none'}")
+        tests = self.tests()
+        for rep in range(cfg.repeat):
+            t_rep = time.time()
+            for q in self.types:
+                size = os.path.getsize(self.files[q])
+                for threads in cfg.threads:
+                    k = rep % len(engines)
+                    for eng in engines[k:] + engines[:k]:
+                        key = (eng.name, q, threads)
+                        if key in self.failed:
+                            continue
+                        if size > 0.9 * mem_available():
+                            self.failed[key] = (f"the {size / 1e9:.1f} GB file does not fit in the "
+                                                f"{mem_available() / 1e9:.1f} GB of available memory")
+                            self.log(f"{eng.name} {q} {threads}t: skipped: {self.failed[key]}")
+                            continue
+                        try:
+                            res = eng.block(self.files[q], threads, tests)
+                        except Exception as e:  # one engine's failure costs only its own rows
+                            self.failed[key] = str(e).replace("\n", " ")[:300]
+                            self.log(f"{eng.name} {q} {threads}t failed: {self.failed[key]}")
+                            continue
+                        self.describe.setdefault(key, (res["build"], res["isa"]))
+                        self.loads.setdefault(key, []).append(res)
+                        for test, dt in res["secs"].items():
+                            self.samples.setdefault(key + (test,), []).append(dt)
+                        self.log(f"{eng.name} {q} {threads}t: load {res['load_s']:.2f} s, peak RSS "
+                                 f"{res['rss_peak'] / 1e9:.2f} GB, after {res['rss_after'] / 1e9:.2f} GB; "
+                                 + ", ".join(f"{t} {n_tokens(t) / s:.1f} tok/s" for t, s in res["secs"].items()))
+            self.log(f"repetition {rep + 1}/{cfg.repeat} done in {time.time() - t_rep:.0f} s "
+                     f"(load {harness.load1():.2f})")
+        steal1 = harness.cpu_ticks()
+        self.steal_pct = 100.0 * (steal1[0] - steal0[0]) / max(1, steal1[1] - steal0[1])
+        return self._write()
+
+    # ------------------------------------------------------------ results
+    def rows(self) -> list[dict]:
+        import roofline
+
+        date = datetime.datetime.now().isoformat(timespec="seconds")
+        stats = {q: matmul_stats(p) for q, p in self.files.items()}
+        blank = {c: "" for c in REAL_COLUMNS}
+
+        def base(engine, q, threads, test):
+            build, isa = self.describe.get((engine, q, threads), ("", ""))
+            return dict(blank, run_id=self.run_id, date=date, commit=self.commit, cpu=self.cpu,
+                        workload=self.cfg.workload, engine=engine, build=build, isa=isa,
+                        model_size=self.shape.name, model=Path(self.files[q]).name, quant=q,
+                        file_bytes=os.path.getsize(self.files[q]), weights="random", threads=threads, test=test,
+                        steal_pct=round(self.steal_pct, 2), load1_start=self.load1_start)
+
+        out = []
+        for (engine, q, threads, test), secs in self.samples.items():
+            tps = sorted(n_tokens(test) / s for s in secs)
+            med = statistics.median(tps)
+            row = dict(base(engine, q, threads, test), n_tokens=n_tokens(test), repeats=len(tps),
+                       tps_median=round(med, 2), tps_min=round(tps[0], 2), tps_max=round(tps[-1], 2),
+                       bytes_per_token=stats[q][0])
+            if threads in self.roofs:
+                roof = self.roofs[threads]
+                ach, unit, frac, _ = roofline.fractions(test, med, roof, stats[q][0], 2.0 * stats[q][1], q)
+                if test.startswith("tg"):  # these models stream from DRAM: the DRAM read roof
+                    peak, frac = roof["read_dram_gbps"], ach / roof["read_dram_gbps"]
+                else:
+                    peak = roof["fma_fp32_gflops"] if q in roofline.FLOAT_QUANTS else roofline.int8_peak(roof)
+                row.update(achieved=round(ach, 2), unit=unit, roof=round(peak, 1), frac_roof=round(frac, 3))
+            out.append(row)
+        for (engine, q, threads), res in self.loads.items():
+            load = sorted(r["load_s"] for r in res)
+            out.append(dict(base(engine, q, threads, "load"), repeats=len(res),
+                            load_s_median=round(statistics.median(load), 3), load_s_min=round(load[0], 3),
+                            load_s_max=round(load[-1], 3), rss_peak_load_bytes=max(r["rss_peak"] for r in res),
+                            rss_after_load_bytes=int(statistics.median(r["rss_after"] for r in res)),
+                            kv_bytes=res[0]["kv_bytes"], note=_split(res)))
+        for (engine, q, threads), why in self.failed.items():
+            out.append(dict(base(engine, q, threads, "failed"), note=why))
+        return out
+
+    def headline(self, rows: list[dict]) -> dict:
+        by = {(r["engine"], r["quant"], int(r["threads"]), r["test"]): r for r in rows}
+        results = {}
+        for (engine, q, threads, test), r in sorted(by.items(), key=lambda kv: str(kv[0])):
+            if engine != "zen5" or test in ("failed",):
+                continue
+            entry = {}
+            for peer in self.peers:
+                p = by.get((peer, q, threads, test))
+                if p and test == "load":
+                    entry[peer] = {"load_s": p["load_s_median"], "rss_peak": p["rss_peak_load_bytes"],
+                                   "rss_after": p["rss_after_load_bytes"]}
+                elif p:
+                    entry[peer] = round(r["tps_median"] / p["tps_median"], 3)
+            if test == "load":
+                results[f"{q}/{threads}t/load"] = {"load_s": r["load_s_median"], "rss_peak": r["rss_peak_load_bytes"],
+                                                   "rss_after": r["rss_after_load_bytes"], "kv_bytes": r["kv_bytes"],
+                                                   "vs": entry}
+            else:
+                results[f"{q}/{threads}t/{test}"] = {"zen5_tps": r["tps_median"], "frac_roof": r["frac_roof"],
+                                                     "vs": entry}
+        return {"run_id": self.run_id, "workload": self.cfg.workload, "cpu": self.cpu, "commit": self.commit,
+                "isa": self.tier, "model_size": self.shape.name, "weights": real_models.SPEED_NOTE,
+                "results_file": f"{self.stem}-real{self.suffix}.csv", "load1_start": self.load1_start,
+                "steal_pct": round(self.steal_pct, 2), "results": results,
+                "failed": {f"{e}/{q}/{t}t": why for (e, q, t), why in self.failed.items()}}
+
+    def _write(self) -> dict:
+        import harness
+
+        rows = self.rows()
+        self.out.mkdir(parents=True, exist_ok=True)
+        if rows:
+            harness.append_csv(self.out / f"{self.stem}-real{self.suffix}.csv", REAL_COLUMNS, rows)
+        print_table(rows, self.log)
+        return self.headline(rows)
+
+
+def _split(res: list[dict]) -> str:
+    """zen5's load in parts (medians): load_weights (file, tokenizer), Engine (native model, KV
+    cache), the first token; empty for a peer."""
+    if "weights_s" not in res[0]:
+        return ""
+    med = {k: statistics.median(r[k] for r in res) for k in ("weights_s", "engine_s", "first_token_s")}
+    return (f"load_weights {med['weights_s']:.2f} s, Engine {med['engine_s']:.2f} s, "
+            f"first token {med['first_token_s']:.2f} s")
+
+
+def _gb(x) -> str:
+    return f"{float(x) / 1e9:.2f} GB" if x not in ("", None) else "-"
+
+
+def print_table(rows: list[dict], log) -> None:
+    by = {(r["engine"], r["quant"], int(r["threads"]), r["test"]): r for r in rows}
+    peers = sorted({r["engine"] for r in rows if r["engine"] != "zen5"})
+    log("")
+    log(f"{'type':5} {'thr':>3} {'test':6} {'zen5':>10} " + " ".join(f"{p:>26}" for p in peers) + "   zen5 roof")
+    for (engine, q, threads, test), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3])):
+        if engine != "zen5" or test in ("load", "failed"):
+            continue
+        cells = []
+        for p in peers:
+            o = by.get((p, q, threads, test))
+            cells.append(f"{o['tps_median']:>17.2f} ({r['tps_median'] / o['tps_median']:4.2f}x)" if o
+                         else f"{'-':>26}")
+        roof = f"{100 * r['frac_roof']:5.1f}%" if r["frac_roof"] != "" else "    -"
+        log(f"{q:5} {threads:>3} {test:6} {r['tps_median']:>10.2f} " + " ".join(cells) + f"   {roof}")
+    log("tok/s medians; (Nx) = zen5 / peer; roof: decode GB/s (tok/s x matrix bytes per token) over the DRAM "
+        "read roof, prefill GOP/s over the tier's int8 peak (BF16: fp32 FMA)")
+    log(f"{'type':5} {'thr':>3} {'engine':17} {'load s':>8} {'peak RSS':>10} {'RSS after':>10} {'KV cache':>10} "
+        f"{'file':>9}")
+    for (engine, q, threads, test), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        if test == "load":
+            log(f"{q:5} {threads:>3} {engine:17} {r['load_s_median']:>8.2f} {_gb(r['rss_peak_load_bytes']):>10} "
+                f"{_gb(r['rss_after_load_bytes']):>10} {_gb(r['kv_bytes']):>10} {_gb(r['file_bytes']):>9}")
+        elif test == "failed":
+            log(f"{q:5} {threads:>3} {engine:17} failed: {r['note']}")
+    log(f"Models: {real_models.SPEED_NOTE} (bench/real_models.py).")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        print(json.dumps(worker(json.loads(sys.argv[2]))), flush=True)
+        sys.exit(0)
+    sys.exit("usage: python -m zen5 bench --model-size 1.7b|8b (this file's --worker is the zen5 child)")

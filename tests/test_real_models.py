@@ -1,0 +1,214 @@
+"""bench/real_models.py (random-weight GGUFs at real widths) and the `bench --model-size` mode
+(bench/real_bench.py) at a small shape: valid files zen5 runs without NaN, the same bytes for the
+same seed, the cache reused; the CLI flags; the end-to-end rows; the README section."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+real_models = _load(ROOT / "bench" / "real_models.py", "real_models")
+harness = _load(ROOT / "bench" / "harness.py", "bench_harness_real_under_test")
+report = _load(ROOT / "bench" / "report.py", "bench_report_real_under_test")
+real_bench = _load(ROOT / "bench" / "real_bench.py", "real_bench")
+
+SMALL = real_models.Shape("small", hidden=128, layers=2, ffn=256, heads=2, kv_heads=1, head_dim=64, vocab=320,
+                          tied=False, pre="llama-bpe", ctx=512)
+
+
+def test_real_shapes_are_the_models_they_stand_for():
+    s, e = real_models.SHAPES["1.7b"], real_models.SHAPES["8b"]
+    assert (s.hidden, s.layers, s.ffn, s.heads, s.kv_heads, s.head_dim, s.vocab, s.tied) == \
+        (2048, 24, 8192, 32, 32, 64, 49152, True)
+    assert (e.hidden, e.layers, e.ffn, e.heads, e.kv_heads, e.head_dim, e.vocab, e.tied) == \
+        (4096, 32, 14336, 32, 8, 128, 128256, False)
+    assert 1.70e9 < s.n_params() < 1.72e9 and 8.02e9 < e.n_params() < 8.04e9
+    # Q4_0 is 18 bytes per 32 values: SmolLM2-1.7B's 0.96 GB
+    q4 = sum(real_models.tensor_bytes(d, "Q4_0" if len(d) == 2 else "F32") for _, d in s.tensors())
+    assert 0.95e9 < q4 < 0.97e9
+
+
+@pytest.mark.parametrize("qtype", real_models.TYPES)
+def test_small_shape_is_a_valid_gguf_that_zen5_runs(tmp_path, qtype):
+    from zen5.engine import Engine
+    from zen5.loader import load_weights
+
+    path = real_models.ensure(SMALL, qtype, tmp_path)
+    r = gguf.GGUFReader(str(path))
+    assert r.fields["general.architecture"].contents() == "llama"
+    assert len(r.fields["tokenizer.ggml.tokens"].contents()) == SMALL.vocab
+    assert r.fields["llama.attention.head_count_kv"].contents() == 1
+    assert real_models.SPEED_NOTE in r.fields["general.description"].contents()
+    names = {t.name: t for t in r.tensors}
+    assert [t.name for t in r.tensors] == [n for n, _ in SMALL.tensors()]
+    assert list(names["output.weight"].shape) == [SMALL.hidden, SMALL.vocab]
+    assert list(names["blk.1.ffn_down.weight"].shape) == [SMALL.ffn, SMALL.hidden]
+    for t in r.tensors:
+        assert t.tensor_type.name == ("F32" if len(t.shape) == 1 else qtype)
+        x = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+        assert np.isfinite(x).all()
+        if len(t.shape) == 2:  # about 0.6 / sqrt(cols): sane activations through every layer
+            assert 0.2 < float(x.std()) * np.sqrt(t.shape[0]) < 1.5
+    eng = Engine(load_weights(str(path)), threads=1, n_ctx=64)
+    tokens = eng.tokenizer.encode("hello world, the thin line")
+    eng.native_ctx.eval(tokens)
+    for _ in range(4):
+        logits = np.asarray(eng.native_ctx.logits())
+        assert logits.shape == (SMALL.vocab,) and np.isfinite(logits).all() and logits.std() > 0
+        eng.native_ctx.eval([int(np.argmax(logits))])
+
+
+def test_same_seed_same_bytes_and_the_cache_is_reused(tmp_path):
+    a = real_models.ensure(SMALL, "Q4_1", tmp_path / "a", seed=3)
+    b = real_models.ensure(SMALL, "Q4_1", tmp_path / "b", seed=3)
+    c = real_models.ensure(SMALL, "Q4_1", tmp_path / "c", seed=4)
+    assert a.read_bytes() == b.read_bytes() != c.read_bytes()
+    marker = json.loads(a.with_name(a.name + ".json").read_text())
+    assert marker["bytes"] == a.stat().st_size and marker["seed"] == 3 and marker["type"] == "Q4_1"
+    stamp = a.stat().st_mtime_ns
+    assert real_models.ensure(SMALL, "Q4_1", tmp_path / "a", seed=3) == a and a.stat().st_mtime_ns == stamp
+    with a.open("r+b") as fh:  # truncated (an interrupted copy): written again
+        fh.truncate(1000)
+    again = real_models.ensure(SMALL, "Q4_1", tmp_path / "a", seed=3)
+    assert again.read_bytes() == b.read_bytes()
+    # another shape, another file beside it; the real shapes get plain names
+    other = real_models.ensure(replace(SMALL, layers=1), "Q4_1", tmp_path / "a", seed=3)
+    assert other != a and other.exists()
+    assert real_models.file_name(real_models.SHAPES["8b"], "BF16") == "llama-8b-random.BF16.gguf"
+    assert not list((tmp_path / "a").glob("*.tmp*"))
+
+
+def test_matmul_bytes_count_the_head_once_and_skip_an_untied_embedding(tmp_path):
+    untied = real_models.ensure(SMALL, "Q8_0", tmp_path)
+    tied = real_models.ensure(replace(SMALL, tied=True), "Q8_0", tmp_path)
+    mats = [d for n, d in SMALL.tensors() if len(d) == 2 and n != "token_embd.weight"]
+    want = sum(real_models.tensor_bytes(d, "Q8_0") for d in mats), sum(int(np.prod(d)) for d in mats)
+    assert real_bench.matmul_stats(str(untied)) == want
+    assert real_bench.matmul_stats(str(tied)) == want  # the tied embedding is the head, counted once
+
+
+def _parse(*argv):
+    ap = __import__("argparse").ArgumentParser()
+    harness.add_arguments(ap)
+    return harness.config_from_args(ap.parse_args(list(argv)))
+
+
+def test_bench_cli_takes_model_size_and_types():
+    cfg = _parse("--model-size", "8b")
+    assert (cfg.model_size, cfg.types, cfg.prompts, cfg.gen, cfg.repeat, cfg.workload) == \
+        ("8b", (), (512,), 128, real_bench.REAL_REPEAT, "full")
+    cfg = _parse("--model-size", "1.7b", "--types", "Q4_0,BF16", "--models-dir", "/x")
+    assert (cfg.types, cfg.models_dir, cfg.workload) == (("Q4_0", "BF16"), "/x", "custom")
+    assert _parse("--model-size", "1.7b", "--repeat", "5").repeat == 5
+    assert _parse().model_size == "" and _parse().prompts == (128, 512, 2048)
+    with pytest.raises(ValueError):
+        _parse("--model-size", "1.7b", "--types", "Q5_K")
+    with pytest.raises(SystemExit):
+        _parse("--model-size", "70b")
+
+
+def test_model_size_run_end_to_end_writes_real_rows(tmp_path):
+    """The smoke shape through the whole mode (ref tier: no roofline, no peers): load rows with the
+    memory read by the child, speed rows, the JSON headline with the speed note."""
+    out, models = tmp_path / "out", tmp_path / "models"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "harness.py"), "--model-size", "tiny", "--isa", "ref",
+                           "--types", "Q4_0,BF16", "--threads", "1", "--prompts", "64", "--gen", "4", "--repeat", "1",
+                           "--models-dir", str(models), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    head = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert head["model_size"] == "tiny" and "does not depend on the weights' values" in head["weights"]
+    assert head["failed"] == {} and "does not depend" in proc.stdout
+    assert set(head["results"]) == {f"{q}/1t/{t}" for q in ("Q4_0", "BF16") for t in ("load", "pp64", "tg4")}
+    with (out / head["results_file"]).open(newline="") as fh:
+        r = csv.DictReader(fh)
+        assert tuple(r.fieldnames) == real_bench.REAL_COLUMNS
+        rows = list(r)
+    assert {(x["engine"], x["quant"], x["test"]) for x in rows} == \
+        {("zen5", q, t) for q in ("Q4_0", "BF16") for t in ("load", "pp64", "tg4")}
+    for x in rows:
+        assert x["model_size"] == "tiny" and x["weights"] == "random" and x["workload"] == "custom"
+        if x["test"] == "load":
+            assert float(x["load_s_median"]) > 0 and int(x["rss_after_load_bytes"]) > 0
+            assert int(x["rss_peak_load_bytes"]) >= int(x["rss_after_load_bytes"]) and int(x["kv_bytes"]) > 0
+        else:
+            assert float(x["tps_median"]) > 0 and int(x["bytes_per_token"]) > 0
+    assert sorted(p.name for p in models.glob("*.gguf")) == ["llama-tiny-random.BF16.gguf",
+                                                              "llama-tiny-random.Q4_0.gguf"]
+
+
+def _real_rows(run_id: str, size: str, quant: str, zen_tg: float, workload="full") -> list[dict]:
+    base = {c: "" for c in real_bench.REAL_COLUMNS}
+    base.update(run_id=run_id, date=run_id, commit="abc1234", cpu="Test_CPU", workload=workload, isa="avx512",
+                model_size=size, model=f"llama-{size}-random.{quant}.gguf", quant=quant, file_bytes=960_000_000,
+                weights="random", threads=2, steal_pct=0.5, load1_start=0.3)
+    peer = dict(engine="llama.cpp-native", build="native (AVX-512)")
+    return [dict(base, engine="zen5", build="matmul=int8", test="tg128", n_tokens=128, repeats=3,
+                 tps_median=zen_tg, bytes_per_token=900_000_000, achieved=zen_tg * 0.9, unit="GB/s",
+                 roof=30.0, frac_roof=round(zen_tg * 0.9 / 30, 3)),
+            dict(base, **peer, test="tg128", n_tokens=128, repeats=3, tps_median=10.0, bytes_per_token=900_000_000),
+            dict(base, engine="zen5", build="matmul=int8", test="pp512", n_tokens=512, repeats=3, tps_median=60.0,
+                 frac_roof=0.4),
+            dict(base, **peer, test="pp512", n_tokens=512, repeats=3, tps_median=40.0),
+            dict(base, engine="zen5", test="load", repeats=3, load_s_median=4.5, rss_peak_load_bytes=2_100_000_000,
+                 rss_after_load_bytes=1_050_000_000, kv_bytes=80_000_000),
+            dict(base, **peer, test="load", repeats=3, load_s_median=3.0, rss_peak_load_bytes=1_000_000_000,
+                 rss_after_load_bytes=990_000_000)]
+
+
+def test_report_renders_real_model_rows_beside_the_135m_ones(tmp_path):
+    import test_bench
+
+    test_bench._fake_results(tmp_path, "2026-01-02T00:00:00", 300.0)
+    only_135m = report.render(tmp_path)
+    path = tmp_path / "Test_CPU-real.csv"
+    rows = (_real_rows("2026-02-01T00:00:00", "1.7b", "Q4_0", 12.0)
+            + _real_rows("2026-02-02T00:00:00", "1.7b", "Q4_0", 15.0)   # the latest run of (1.7b, Q4_0) wins
+            + _real_rows("2026-02-01T00:00:00", "1.7b", "BF16", 3.0)    # kept: BF16's latest is the older run
+            + _real_rows("2026-02-03T00:00:00", "8b", "Q8_0", 2.0, workload="custom")
+            + _real_rows("2026-02-04T00:00:00", "tiny", "Q4_0", 99.0)   # the smoke shape never renders
+            + _real_rows("2026-02-04T00:00:00", "8b", "Q4_1", 99.0, workload="quick"))
+    rows.append(dict(rows[0], run_id="2026-02-03T00:00:00", model_size="8b", quant="Q8_0", engine="zen5",
+                     test="failed", threads=1, note="zen5 child failed (signal 9, killed: out of memory?)"))
+    harness.append_csv(path, real_bench.REAL_COLUMNS, rows)
+    text = report.render(tmp_path)
+    assert text.startswith(only_135m + "\n\n### Real model sizes\n")
+    real = text[len(only_135m):]
+    assert "**random weights**" in real and "speed does not depend on the weights' values" in real
+    assert "| model | weights | threads | test | zen5 | llama.cpp native (AVX-512) | zen5 of roof |" in real
+    assert "| 1.7B | Q4_0 | 2 | tg128 | **15.0** | 10.0 (1.50x) | 45% |" in real
+    assert "| 1.7B | Q4_0 | 2 | pp512 | **60.0** | 40.0 (1.50x) | 40% |" in real
+    assert "| 1.7B | BF16 | 2 | tg128 | 3.0 | **10.0 (0.30x)** | 9% |" in real
+    assert "| 8B | Q8_0 | 2 | tg128 | 2.0 | **10.0 (0.20x)** | 6% |" in real
+    assert "12.0" not in real and "99.0" not in real and "tiny" not in real.lower()
+    assert real.index("| 1.7B | Q4_0 |") < real.index("| 1.7B | BF16 |") < real.index("| 8B | Q8_0 |")
+    assert ("| 1.7B | Q4_0 | 0.96 GB | 0.90 GB | zen5 | 2 | 4.50 s | 2.10 GB | 1.05 GB | 0.08 GB |") in real
+    assert ("| 1.7B | Q4_0 | 0.96 GB | 0.90 GB | llama.cpp native (AVX-512) | 2 | 3.00 s | 1.00 GB | 0.99 GB | - |"
+            in real)
+    assert "Not measured: zen5 8B Q8_0 1t: zen5 child failed (signal 9, killed: out of memory?)." in real
+    # a results directory with only real-size runs still renders
+    for f in tmp_path.glob("Test_CPU-bench.csv"):
+        f.unlink()
+    assert report.render(tmp_path).startswith("### Real model sizes\n")
