@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, os.path.dirname(__file__))
 import tiny_gguf  # noqa: E402
 from zen5.config import UnsupportedModelError  # noqa: E402
+from zen5.loader.gguf import read_tokenizer  # noqa: E402
 from zen5.registry import ModelNotFound, resolve_model  # noqa: E402
 from zen5.tokenizer import StreamDecoder, Tokenizer  # noqa: E402
 
@@ -25,7 +26,7 @@ SAMPLES = [
 
 @pytest.fixture(scope="module")
 def smol():
-    return Tokenizer.from_gguf(gguf.GGUFReader(resolve_model("smollm2")))
+    return read_tokenizer(resolve_model("smollm2"))
 
 
 def tiny(tmp_path, **kw) -> Tokenizer:
@@ -35,7 +36,7 @@ def tiny(tmp_path, **kw) -> Tokenizer:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return Tokenizer.from_gguf(gguf.GGUFReader(tmp_path / "tok.gguf"))
+    return read_tokenizer(tmp_path / "tok.gguf")
 
 
 def test_smollm2_specials_are_single_tokens_and_digits_split(smol):

@@ -130,7 +130,7 @@ def write_gguf(path, arch="llama", tied=True, types: dict | None = None, extra_t
 
 def hf_tokenizer_json(path):
     """Save the tiny vocabulary as an HF tokenizer.json (built via the GGUF route)."""
-    from zen5.tokenizer import Tokenizer
+    from zen5.loader.gguf import read_tokenizer
     gpath = os.path.join(os.path.dirname(path), "_tok.gguf")
     w = gguf.GGUFWriter(gpath, "llama")
     add_tokenizer(w)
@@ -138,7 +138,7 @@ def hf_tokenizer_json(path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    Tokenizer.from_gguf(gguf.GGUFReader(gpath)).hf.save(os.fspath(path))
+    read_tokenizer(gpath).hf.save(os.fspath(path))
     os.unlink(gpath)
 
 

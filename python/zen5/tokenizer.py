@@ -93,28 +93,31 @@ class Tokenizer:
     # --- construction -------------------------------------------------------------------
 
     @classmethod
-    def from_gguf(cls, reader) -> "Tokenizer":
-        """Rebuild the byte-level BPE stored in a `gguf.GGUFReader`'s metadata."""
-        model = _field(reader, "tokenizer.ggml.model", "gpt2")
+    def from_gguf(cls, fields: dict) -> "Tokenizer":
+        """Rebuild the byte-level BPE stored in a GGUF file's tokenizer.* metadata (arrays as
+        lists: zen5.loader.gguf.tokenizer_fields)."""
+        model = fields.get("tokenizer.ggml.model", "gpt2")
         if model != "gpt2":
             raise UnsupportedModelError(
                 f"GGUF tokenizer model {model!r} is not supported (zen5 reads byte-level BPE, "
                 "'gpt2'; SentencePiece 'llama' vocabularies are not supported)")
-        tokens = _string_array(reader, "tokenizer.ggml.tokens")
-        types = _field(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
+        tokens = fields.get("tokenizer.ggml.tokens")
+        if tokens is None:
+            raise ValueError("missing tokenizer.ggml.tokens")
+        types = fields.get("tokenizer.ggml.token_type", [1] * len(tokens))
         if len(types) != len(tokens):
             raise ValueError(f"{len(types)} token types for {len(tokens)} tokens")
         hf = HFTokenizer(models.BPE(
-            vocab=_vocab(tokens), merges=_merges(reader, "tokenizer.ggml.merges"),
-            ignore_merges=_field(reader, "tokenizer.ggml.pre", None) == "llama-bpe"))
-        hf.pre_tokenizer = _pre_tokenizer(_field(reader, "tokenizer.ggml.pre", None))
+            vocab=_vocab(tokens), merges=_merges(fields.get("tokenizer.ggml.merges", [])),
+            ignore_merges=fields.get("tokenizer.ggml.pre") == "llama-bpe"))
+        hf.pre_tokenizer = _pre_tokenizer(fields.get("tokenizer.ggml.pre"))
         hf.decoder = decoders.ByteLevel()
         hf.add_special_tokens([AddedToken(t, special=True, normalized=False)
                                for t, k in zip(tokens, types) if k == _TOKEN_CONTROL])
         hf.add_tokens([AddedToken(t, special=False, normalized=False)
                        for t, k in zip(tokens, types) if k == _TOKEN_USER_DEFINED])
-        return cls(hf, _field(reader, "tokenizer.ggml.bos_token_id", None),
-                   _field(reader, "tokenizer.ggml.eos_token_id", None), len(tokens))
+        return cls(hf, fields.get("tokenizer.ggml.bos_token_id"), fields.get("tokenizer.ggml.eos_token_id"),
+                   len(tokens))
 
     @classmethod
     def from_files(cls, tokenizer_json, tokenizer_config_json=None,
@@ -235,20 +238,6 @@ def _without_added_token_matching(hf: HFTokenizer) -> HFTokenizer:
     return clone
 
 
-def _field(reader, key, default):
-    f = reader.get_field(key)
-    if f is None:
-        return default
-    return f.contents()
-
-
-def _string_array(reader, key) -> list[str]:
-    f = reader.get_field(key)
-    if f is None:
-        raise ValueError(f"missing {key}")
-    return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
-
-
 def _vocab(tokens: list[str]) -> dict[str, int]:
     vocab: dict[str, int] = {}
     for i, t in enumerate(tokens):
@@ -258,11 +247,9 @@ def _vocab(tokens: list[str]) -> dict[str, int]:
     return vocab
 
 
-def _merges(reader, key) -> list[tuple[str, str]]:
-    if reader.get_field(key) is None:
-        return []
+def _merges(merges: list[str]) -> list[tuple[str, str]]:
     out = []
-    for m in _string_array(reader, key):
+    for m in merges:
         a, sep, b = m.partition(" ")
         if not sep:
             raise ValueError(f"bad merge {m!r}")

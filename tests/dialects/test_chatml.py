@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 
-import gguf
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -24,6 +23,7 @@ from zen5.dialects.base import (
     Segment,
 )
 from zen5.dialects.chatml import DEFAULT_SYSTEM, PAYLOAD, STRUCTURE, ChatMLDialect, assistant_text, parse_call_json
+from zen5.loader.gguf import read_tokenizer
 from zen5.registry import ModelNotFound, resolve_model
 from zen5.tokenizer import Tokenizer
 
@@ -54,7 +54,7 @@ def call(name, args, cid="call_1"):
 @pytest.fixture(scope="module")
 def smol():
     try:
-        return Tokenizer.from_gguf(gguf.GGUFReader(resolve_model("smollm2")))
+        return read_tokenizer(resolve_model("smollm2"))
     except ModelNotFound as e:
         pytest.skip(str(e))
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 
-import gguf
 import pytest
 
 from zen5.dialects import UnknownDialectError, detect_dialect, get_dialect
 from zen5.dialects.chatml import ChatMLDialect
+from zen5.loader.gguf import read_header, read_tokenizer
 from zen5.registry import ModelNotFound, resolve_model
 from zen5.tokenizer import Tokenizer
 
@@ -25,9 +25,8 @@ def model(name):
 
 
 def gguf_tokenizer_and_template(name):
-    reader = gguf.GGUFReader(model(name))
-    field = reader.get_field("tokenizer.chat_template")
-    return Tokenizer.from_gguf(reader), field.contents() if field is not None else None
+    path = model(name)
+    return read_tokenizer(path), read_header(path).metadata.get("tokenizer.chat_template")
 
 
 @pytest.mark.parametrize("name", ["smollm2", "smollm2-tools"])
