@@ -5,6 +5,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from gguf import GGMLQuantizationType as Q  # noqa: E402
+
 from tiny_gguf import write_gguf  # noqa: E402
 
 out = sys.argv[1]

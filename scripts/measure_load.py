@@ -64,6 +64,7 @@ def main() -> None:
     reset_peak()
     t0 = time.perf_counter()
     w = load_weights(path)
+    peak_weights = status()["VmHWM"] - base  # the Python loader (header, tokenizer, F32 norms)
     eng = Engine(w, n_ctx=a.ctx, threads=a.threads)
     t1 = time.perf_counter()
     s = status()
@@ -75,7 +76,7 @@ def main() -> None:
     s2 = status()
     out = dict(model=path, version=zen5.__version__, ctx=a.ctx, baseline=base, kernel_bytes=kernel,
                load_s=round(t1 - t0, 3), first_eval_s=round(t3 - t2, 3),
-               peak_load=s["VmHWM"] - base, after_load=s["VmRSS"] - base,
+               peak_load=s["VmHWM"] - base, peak_loader=peak_weights, after_load=s["VmRSS"] - base,
                after_eval=s2["VmRSS"] - base, peak_eval=s2["VmHWM"] - base,
                kv_bytes_reserved=info.get("kv_bytes_reserved"), kv_bytes_resident=eng.info().get("kv_bytes_resident"))
     out["peak_ratio"] = round(out["peak_load"] / kernel, 3)
@@ -85,7 +86,8 @@ def main() -> None:
         return
     mb = 1 << 20
     print(f"{path}\n  kernel bytes {kernel / mb:.1f} MiB, baseline RSS {base / mb:.1f} MiB, load {out['load_s']} s")
-    print(f"  peak during load {out['peak_load'] / mb:.1f} MiB ({out['peak_ratio']}x), after load "
+    print(f"  peak during load {out['peak_load'] / mb:.1f} MiB ({out['peak_ratio']}x; the Python loader's part "
+          f"{out['peak_loader'] / mb:.1f} MiB), after load "
           f"{out['after_load'] / mb:.1f} MiB ({out['after_ratio']}x)")
     print(f"  after {a.tokens} tokens {out['after_eval'] / mb:.1f} MiB (peak {out['peak_eval'] / mb:.1f} MiB), "
           f"first eval {out['first_eval_s']} s; kv reserved {out['kv_bytes_reserved']}, "

@@ -94,7 +94,8 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, reader) -> "Tokenizer":
-        """Rebuild the byte-level BPE stored in a `gguf.GGUFReader`'s metadata."""
+        """Rebuild the byte-level BPE stored in a `gguf.GGUFReader`'s metadata (or the loader's
+        own header fields, which offer the same get_field)."""
         model = _field(reader, "tokenizer.ggml.model", "gpt2")
         if model != "gpt2":
             raise UnsupportedModelError(
@@ -246,6 +247,8 @@ def _string_array(reader, key) -> list[str]:
     f = reader.get_field(key)
     if f is None:
         raise ValueError(f"missing {key}")
+    if hasattr(f, "strings"):  # the loader's own header fields (loader/gguf.py: _HeaderFields)
+        return [s.decode("utf-8") for s in f.strings]
     return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
 
 

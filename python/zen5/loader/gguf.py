@@ -6,6 +6,12 @@ data lies inside the file. So before handing a file to it we walk the whole head
 bounds checks (`read_header`), build the config from that and check every tensor against it; the
 reader only ever sees files whose structure is already known to be sound. Anything that still goes
 wrong is turned into `BadModelFile` with the path and the reason.
+
+The tensors are views of one `np.memmap` of the file at the offsets `read_header` checked, and
+the tokenizer is built from the arrays `read_header` keeps (`_KEPT_ARRAYS`): gguf-py's reader is
+not used to load. It made a numpy object per metadata item, about 160 MiB of transient memory
+for SmolLM2's 49,152-token vocabulary and its merges, more than the model's weights (issue 21,
+lean loading); it is still what the tests read files with.
 """
 from __future__ import annotations
 
@@ -26,16 +32,18 @@ _STRING, _ARRAY = 8, 9
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
            10: "<Q", 11: "<q", 12: "<d"}
 _MAX_DIMS, _MAX_ARRAY_NESTING, _MAX_LAYERS = 4, 2, 4096
-# Errors GGUFReader / numpy / tokenizers raise on damaged input.
-_READER_ERRORS = (ValueError, IndexError, KeyError, TypeError, OverflowError, RecursionError,
-                  struct.error, UnicodeDecodeError, AttributeError)
-
 
 @dataclass(frozen=True)
 class ArrayInfo:
-    """An array value in the header: only its item type and length are kept."""
+    """An array value in the header: its item type and length; the items themselves only for
+    the arrays in _KEPT_ARRAYS (raw bytes for strings, numbers for scalars)."""
     item_type: int
     count: int
+    values: tuple | None = None
+
+
+# The arrays the tokenizer is built from (Tokenizer.from_gguf through _HeaderFields)
+_KEPT_ARRAYS = frozenset({"tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type"})
 
 
 @dataclass(frozen=True)
@@ -74,10 +82,12 @@ class _Cursor:
         self.pos += n
         return v
 
-    def string(self, what: str, decode=True):
+    def string(self, what: str, decode=True, raw=False):
         n = self.unpack("<Q", what)
         self.need(n, what)
         self.pos += n
+        if raw:
+            return bytes(self.buf[self.pos - n:self.pos])
         if not decode:
             return None
         raw = self.buf[self.pos - n:self.pos]
@@ -146,10 +156,16 @@ def _parse_value(cur: _Cursor, vtype: int, key: str, depth: int):
         raise BadModelFile(cur.path, f"metadata {key!r} has invalid value type {vtype}")
     item_type = cur.unpack("<I", f"array type of {key}")
     count = cur.unpack("<Q", f"length of {key}")
+    keep = depth == 0 and key in _KEPT_ARRAYS
     if item_type in _SCALAR:
         cur.need(count * struct.calcsize(_SCALAR[item_type]), f"array {key}")
+        values = struct.unpack_from(f"<{count}{_SCALAR[item_type][1]}", cur.buf, cur.pos) if keep else None
         cur.pos += count * struct.calcsize(_SCALAR[item_type])
-    elif item_type in (_STRING, _ARRAY):
+        return ArrayInfo(item_type, count, values)
+    if keep and item_type == _STRING:
+        cur.need(count * 8, f"array {key}")
+        return ArrayInfo(item_type, count, tuple(cur.string(f"value of {key}", raw=True) for _ in range(count)))
+    if item_type in (_STRING, _ARRAY):
         cur.need(count * 8, f"array {key}")  # every item is at least a u64 length
         for _ in range(count):
             _parse_value(cur, item_type, key, depth + 1)
@@ -285,9 +301,13 @@ def load_gguf(path) -> LoadedWeights:
     config = config_from_metadata(header.metadata, shapes, path)
     validate_tensors(config, {n: (t.ggml_type, t.shape, t.nbytes)
                               for n, t in header.tensors.items()}, path)
-    reader = _open_reader(path)
-    tensors, ignored = prepare_tensors(config, _reader_tensors(reader, header, path), path)
-    tokenizer = _tokenizer(reader, path)
+    data = np.memmap(path, dtype=np.uint8, mode="r")  # read-only and shared: the native loader
+    # releases its pages once copied (model.cpp, FileMaps); a view per tensor, no copy
+    tensors = {n: Tensor(n, t.ggml_type, t.shape, data[t.offset:t.offset + t.nbytes])
+               for n, t in header.tensors.items()}
+    tensors, ignored = prepare_tensors(config, tensors, path)
+    _release(data)  # the norms were copied to F32: none of the file needs to stay resident
+    tokenizer = _tokenizer(_HeaderFields(header.metadata), path)
     if tokenizer.vocab_size > config.vocab_size:
         raise BadModelFile(path, f"tokenizer has {tokenizer.vocab_size} tokens but the embedding "
                                  f"only {config.vocab_size} rows")
@@ -301,25 +321,42 @@ def load_gguf(path) -> LoadedWeights:
                   "ignored_tensors": ignored})
 
 
-def _open_reader(path):
-    import gguf
-    try:
-        return gguf.GGUFReader(path, "r")
-    except UnsupportedModelError:
-        raise
-    except _READER_ERRORS as e:
-        raise BadModelFile(path, f"gguf reader failed: {type(e).__name__}: {e}") from e
+def _release(data: np.memmap) -> None:
+    """Drop the mapping's pages from this process (a read-only shared file mapping: a later read
+    faults them back in from the page cache). Reading the norms mapped their neighbours too
+    (the kernel maps 64 KiB around a fault), megabytes of matrices before the native load."""
+    mm = getattr(data, "_mmap", None)
+    if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        try:
+            mm.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError):
+            pass
 
 
-def _reader_tensors(reader, header: GGUFHeader, path) -> dict[str, Tensor]:
-    out = {}
-    for t in reader.tensors:
-        info = header.tensors.get(t.name)
-        if info is None or info.offset != t.data_offset or t.data.nbytes != info.nbytes:
-            raise BadModelFile(path, f"gguf reader disagrees about tensor {t.name}")
-        raw = np.asarray(t.data).reshape(-1).view(np.uint8)  # a view into the mmap, no copy
-        out[t.name] = Tensor(t.name, int(t.tensor_type), info.shape, raw)
-    return out
+class _HeaderFields:
+    """The part of gguf.GGUFReader's interface Tokenizer.from_gguf uses, over read_header's
+    metadata: get_field(key) -> None or a field whose contents() is the value (string arrays also
+    as raw bytes, `strings`)."""
+
+    class _Field:
+        def __init__(self, value):
+            self.value = value
+            if isinstance(value, ArrayInfo) and value.item_type == _STRING:
+                self.strings = value.values
+
+        def contents(self):
+            v = self.value
+            if not isinstance(v, ArrayInfo):
+                return v
+            if v.values is None:
+                raise ValueError("array value not kept by read_header")
+            return [s.decode("utf-8") for s in v.values] if v.item_type == _STRING else list(v.values)
+
+    def __init__(self, metadata: dict):
+        self.metadata = metadata
+
+    def get_field(self, key):
+        return self._Field(self.metadata[key]) if key in self.metadata else None
 
 
 def _tokenizer(reader, path):
