@@ -84,7 +84,7 @@ def test_peak_rss_during_and_after_load(big_models, qtype):
     path = big_models[qtype]
     m = _measure(path)
     w = m["weight_bytes"]
-    assert w > 0.8 * os.path.getsize(path) if qtype != Q.BF16 else w > 0.9 * os.path.getsize(path)
+    assert w > 0.8 * os.path.getsize(path)  # the arena is about the file (the embedding is tiny here)
     # the KV cache is not counted (and none of it is resident before the first token)
     assert m["kv_resident"] == 0
     bound = 1.15 * w + ALLOWANCE
