@@ -194,7 +194,16 @@ PYBIND11_MODULE(_native, m) {
              py::arg("config"), py::arg("tensors"), py::arg("rope_inv_freq"), py::arg("threads"))
         .def_property_readonly("fingerprint", [](const PyModel& p) { return p.model->fingerprint; })
         .def_property_readonly("n_params", [](const PyModel& p) { return p.model->n_params; })
-        .def_property_readonly("threads", [](const PyModel& p) { return p.model->pool.size(); });
+        .def_property_readonly("threads", [](const PyModel& p) { return p.model->pool.size(); })
+        .def_property_readonly("weight_bytes", [](const PyModel& p) { return p.model->weight_bytes(); });
+    // Memory planning before anything is allocated (the engine's fit check): the arena bytes of one
+    // matrix (0 for what is read from the file in place), and a KV cache's bytes for n_ctx.
+    m.def("owned_matrix_bytes", [](int type, int64_t rows, int64_t cols) {
+        return owned_bytes(WeightView{nullptr, type, rows, cols, row_bytes(type, cols)});
+    }, py::arg("type"), py::arg("rows"), py::arg("cols"));
+    m.def("kv_cache_bytes", [](const py::dict& cfg, int n_ctx, const std::string& kv) {
+        return KvCache::bytes_for(config_from_dict(cfg), n_ctx, kv_type_from_name(kv));
+    }, py::arg("config"), py::arg("n_ctx"), py::arg("kv"));
 
     py::class_<Context> context(m, "Context");
     context
@@ -210,7 +219,9 @@ PYBIND11_MODULE(_native, m) {
              py::keep_alive<1, 2>())
         .def_property_readonly("isa", &Context::isa)
         .def_property_readonly("kv_type", [](const Context& c) { return kv_type_name(c.kv_type()); })
-        .def_property_readonly("kv_bytes_per_token", &Context::kv_bytes_per_token);
+        .def_property_readonly("kv_bytes_per_token", &Context::kv_bytes_per_token)
+        .def_property_readonly("kv_bytes_reserved", &Context::kv_bytes_reserved)
+        .def_property_readonly("kv_bytes_resident", &Context::kv_bytes_resident);
     def_state_api(context, [](const Context& c) { return c.model().cfg.vocab_size; });
 
     // DeepSeek V4 (deepseek_v4.h): tensors under the official names, [(name, dtype, shape, uint8 array)]
@@ -240,7 +251,8 @@ PYBIND11_MODULE(_native, m) {
              py::arg("config"), py::arg("tensors"), py::arg("freq_main"), py::arg("freq_compress"), py::arg("threads"))
         .def_property_readonly("fingerprint", [](const PyV4Model& p) { return p.model->fingerprint; })
         .def_property_readonly("n_params", [](const PyV4Model& p) { return p.model->n_params; })
-        .def_property_readonly("threads", [](const PyV4Model& p) { return p.model->pool.size(); });
+        .def_property_readonly("threads", [](const PyV4Model& p) { return p.model->pool.size(); })
+        .def_property_readonly("weight_bytes", [](const PyV4Model& p) { return p.model->weight_bytes(); });
 
     // The same methods as Context, so zen5.engine drives either.
     py::class_<V4Context> v4context(m, "DeepSeekV4Context");

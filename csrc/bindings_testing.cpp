@@ -74,6 +74,14 @@ void register_testing(py::module_& parent) {
         }
         return out;
     }, py::arg("kind"), py::arg("x"), py::arg("block") = 0);
+    // (hash_bytes of data, the same fed to StreamHash in pieces of `piece` bytes): must be equal
+    m.def("hash_pieces", [](const py::bytes& b, uint64_t seed, size_t piece) {
+        const std::string s = b;
+        const auto* p = reinterpret_cast<const uint8_t*>(s.data());
+        StreamHash h(seed, s.size());
+        for (size_t o = 0; o < s.size(); o += std::max<size_t>(piece, 1)) h.update(p + o, std::min(piece, s.size() - o));
+        return py::make_tuple(hash_bytes(p, s.size(), seed), h.finish());
+    }, py::arg("data"), py::arg("seed"), py::arg("piece"));
     m.def("kernel_matmul", [](const std::string& isa, int type, U8Array w, int64_t rows, int64_t cols, F32Array x) {
         const Kernels& k = kernels_for(isa);
         const size_t rb = row_bytes(type, cols);

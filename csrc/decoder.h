@@ -25,6 +25,8 @@ class Context {
     const char* isa() const { return k_.name; }
     KvType kv_type() const { return cache_.type(); }
     size_t kv_bytes_per_token() const { return cache_.bytes_per_token(); }
+    size_t kv_bytes_reserved() const { return cache_.bytes_reserved(); }
+    size_t kv_bytes_resident() const { return cache_.bytes_resident(); }
 
     // Appends tokens at n_past and computes the logits of the last one. When all_logits is
     // non-null it receives (n, vocab) logits, one row per token. Throws ContextOverflow
@@ -76,18 +78,19 @@ class Context {
     bool int8_;
     KvCache cache_;
     // scratch, (kChunk, width)
-    std::vector<float> x_, xb_, q_, kx_, vx_, att_, gate_, up_;
-    std::vector<float> scores_;  // (threads, n_head_kv, kQB / group x group, kSplit)
-    std::vector<float> qh_;      // (n_head_kv, kChunk, group, hd): the roped queries by kv head
+    // (ZeroedArray: resident only where written; part_ grows with n_ctx)
+    ZeroedArray<float> x_, xb_, q_, kx_, vx_, att_, gate_, up_;
+    ZeroedArray<float> scores_;  // (threads, n_head_kv, kQB / group x group, kSplit)
+    ZeroedArray<float> qh_;      // (n_head_kv, kChunk, group, hd): the roped queries by kv head
     // attention partials per (query vector, split): max, sum of exp, unnormalized output (hd);
     // query vectors ordered (kv head, token, query of the group) so a kv head's are consecutive
-    std::vector<float> part_;    // (n_head_kv, kChunk, group, splits, hd + 2)
+    ZeroedArray<float> part_;    // (n_head_kv, kChunk, group, splits, hd + 2)
     std::unique_ptr<std::atomic<int>[]> pending_;  // splits left per attention unit
     // activations quantized for the int8 matmuls: up to 3 distinct inputs per dispatch
-    std::vector<int8_t> act_q_[3];   // (max cols / 32, kChunk, 32): QuantAct's block-major layout
-    std::vector<float> act_d_[3];    // (max cols / 32, kChunk)
-    std::vector<int32_t> act_c_[3];
-    std::vector<float> act_ds_[3];
+    ZeroedArray<int8_t> act_q_[3];   // (max cols / 32, kChunk, 32): QuantAct's block-major layout
+    ZeroedArray<float> act_d_[3];    // (max cols / 32, kChunk)
+    ZeroedArray<int32_t> act_c_[3];
+    ZeroedArray<float> act_ds_[3];
     std::vector<float> logits_;  // (vocab)
     std::vector<float> rope_cs_; // (kChunk, head_dim / 2, 2): cos, sin
 };

@@ -85,8 +85,10 @@ class V4Model {
     uint64_t fingerprint = 0;
     int64_t n_params = 0;
     mutable ThreadPool pool;
+    size_t weight_bytes() const { return arena_bytes_; }  // the panels' arena: what the matmuls read
 
   private:
+    size_t arena_bytes_ = 0;
     std::vector<std::unique_ptr<std::vector<float>>> floats_;  // vectors converted to F32
     std::vector<std::unique_ptr<std::vector<int32_t>>> ints_;
     AlignedBytes arena_;

@@ -170,18 +170,8 @@ V4Model::V4Model(V4Config c, const std::vector<TensorIn>& tensors, std::vector<f
         for (auto* v : {&L.w1, &L.w2, &L.w3})
             for (WeightView& w : *v) mats.push_back(&w);
     }
-    size_t total = 0;
-    for (const WeightView* w : mats) total += (float_panel_bytes(w->type, w->rows, w->cols) + 63) / 64 * 64;
-    arena_ = alloc_zeroed(total);
-    uint8_t* at = arena_.get();
-    for (WeightView* w : mats) {
-        auto p = std::make_unique<FloatPanels>();
-        pack_float_panels(*w, *p, at);
-        w->panels = p.get();
-        panels_.push_back(std::move(p));
-        at += (float_panel_bytes(w->type, w->rows, w->cols) + 63) / 64 * 64;
-    }
-
+    // (packed below, with the fingerprint: pack_and_hash, one pass over the file that releases
+    // its pages as they are copied; the embedding's rows fault back in as tokens are looked up)
     uint64_t h = hash_bytes("deepseek_v4", 11, 0x7A656E35);
     const int dims[] = {cfg.vocab, cfg.hidden, cfg.n_layers, cfg.n_heads, cfg.head_dim, cfg.rope_dim, cfg.q_rank,
                         cfg.o_groups, cfg.o_rank, cfg.window, cfg.index_heads, cfg.index_dim, cfg.index_topk,
@@ -192,10 +182,10 @@ V4Model::V4Model(V4Config c, const std::vector<TensorIn>& tensors, std::vector<f
     h = hash_bytes(fl, sizeof fl, h);
     h = hash_bytes(freq_main.data(), freq_main.size() * 4, h);
     h = hash_bytes(freq_compress.data(), freq_compress.size() * 4, h);
-    for (const auto& [name, t] : b.by) {
-        h = hash_tensor(*t, h);
-        n_params += t->elements();
-    }
+    for (const WeightView* w : mats) arena_bytes_ += owned_bytes(*w);
+    std::vector<std::unique_ptr<PackedWeights>> none;  // V4's matrices are all float
+    h = pack_and_hash(b.by, mats, h, arena_, none, panels_);
+    for (const auto& [name, t] : b.by) n_params += t->elements();
     fingerprint = h;
 }
 

@@ -4,6 +4,10 @@
 
 #include <algorithm>
 #include <cstring>
+#ifdef __linux__
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 namespace zen5 {
 
@@ -23,15 +27,17 @@ KvCache::KvCache(const Config& c, int n_ctx, KvType type)
     if (n_ctx <= 0) throw ZenError("n_ctx must be positive");
     elem_ = type_ == KvType::F32 ? 4 : type_ == KvType::F16 ? 2 : 1;
     n_rows_ = (n_ctx + kKeyTile - 1) / kKeyTile * kKeyTile;
-    k_ = alloc_zeroed(layer_bytes() * n_layer_);
-    v_ = alloc_zeroed(layer_bytes() * n_layer_);
+    k_ = alloc_zeroed(layer_bytes() * n_layer_, false);  // huge pages: hint_huge
+    v_ = alloc_zeroed(layer_bytes() * n_layer_, false);
+    const size_t pos_bytes = size_t(kv_dim_) * elem_;
+    huge_every_ = int(std::max<size_t>(kKeyTile, (size_t(2) << 20) / pos_bytes / kKeyTile * kKeyTile));
     if (type_ == KvType::Q8_0) {
         // a head starts on a channel quad (key_q8_index); store quantizes a head on the stack
         if (head_dim_ % 4 != 0 || head_dim_ > 512)
             throw ZenError("the q8_0 KV cache needs a head size that is a multiple of 4 and at most 512, not " +
                            std::to_string(head_dim_));
-        kscale_.assign(size_t(n_layer_) * n_head_kv_ * n_rows_, 0.0f);
-        vscale_.assign(kscale_.size(), 0.0f);
+        kscale_ = alloc_zeroed(sizeof(float) * n_layer_ * n_head_kv_ * n_rows_, false);
+        vscale_ = alloc_zeroed(sizeof(float) * n_layer_ * n_head_kv_ * n_rows_, false);
     }
 }
 
@@ -39,7 +45,54 @@ size_t KvCache::bytes_per_token() const {
     return size_t(n_layer_) * 2 * (size_t(kv_dim_) * elem_ + (type_ == KvType::Q8_0 ? 4 * n_head_kv_ : 0));
 }
 
+size_t KvCache::bytes_for(const Config& c, int n_ctx, KvType type) {
+    const size_t rows = size_t(std::max(n_ctx, 1) + kKeyTile - 1) / kKeyTile * kKeyTile;
+    const size_t elem = type == KvType::F32 ? 4 : type == KvType::F16 ? 2 : 1;
+    const size_t kv = 2 * rows * c.kv_dim() * elem * c.n_layer;
+    return type == KvType::Q8_0 ? kv + 2 * sizeof(float) * c.n_layer * c.n_head_kv * rows : kv;
+}
+
+size_t KvCache::bytes_reserved() const {
+    const size_t kv = 2 * layer_bytes() * n_layer_;
+    return type_ == KvType::Q8_0 ? kv + 2 * sizeof(float) * n_layer_ * n_head_kv_ * n_rows_ : kv;
+}
+
+size_t KvCache::bytes_resident() const {
+    size_t total = 0;
+    for (const AlignedBytes* b : {&k_, &v_, &kscale_, &vscale_}) {
+        if (!*b) continue;
+        const size_t mapped = b->get_deleter().mapped;
+        if (!mapped) {  // a small heap block, zeroed when allocated: all of it
+            total += b == &k_ || b == &v_ ? layer_bytes() * n_layer_ : sizeof(float) * n_layer_ * n_head_kv_ * n_rows_;
+            continue;
+        }
+#ifdef __linux__
+        const size_t page = size_t(sysconf(_SC_PAGESIZE));
+        std::vector<unsigned char> vec((mapped + page - 1) / page);
+        if (mincore(b->get(), mapped, vec.data()) != 0) continue;
+        for (unsigned char r : vec) total += (r & 1) ? page : 0;
+#endif
+    }
+    return total;
+}
+
+void KvCache::hint_huge(int layer, int n) {
+#ifdef __linux__
+    constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+    const size_t filled = size_t(n / kKeyTile * kKeyTile) * kv_dim_ * elem_;  // whole key tiles
+    for (const AlignedBytes* b : {&k_, &v_}) {
+        if (!b->get_deleter().mapped) continue;
+        const uintptr_t base = reinterpret_cast<uintptr_t>(at(*b, layer));
+        const uintptr_t s = (base + kHuge - 1) / kHuge * kHuge, e = (base + filled) / kHuge * kHuge;
+        if (e > s) madvise(reinterpret_cast<void*>(s), e - s, MADV_HUGEPAGE);
+    }
+#else
+    (void)layer, (void)n;
+#endif
+}
+
 void KvCache::store(const Kernels& kernels, int layer, int pos, const float* k, const float* v) {
+    if ((pos + 1) % huge_every_ == 0) hint_huge(layer, pos + 1);
     const int KV = kv_dim_;
     uint8_t *K = at(k_, layer), *V = at(v_, layer);
     if (type_ == KvType::Q8_0) {  // key_q8_index / value_q8_index layouts (kernels.h)
@@ -47,9 +100,9 @@ void KvCache::store(const Kernels& kernels, int layer, int pos, const float* k, 
         int8_t q[512];
         int32_t sum;
         for (int h = 0; h < n_head_kv_; ++h) {
-            vscale_[scale_index(layer, h) + pos] = quantize_s8(v + h * hd, hd, q, &sum);
+            vscale()[scale_index(layer, h) + pos] = quantize_s8(v + h * hd, hd, q, &sum);
             for (int i = 0; i < hd; ++i) V[value_q8_index(pos, h * hd + i, KV)] = uint8_t(q[i]);
-            kscale_[scale_index(layer, h) + pos] = quantize_s8(k + h * hd, hd, q, &sum);
+            kscale()[scale_index(layer, h) + pos] = quantize_s8(k + h * hd, hd, q, &sum);
             for (int i = 0; i < hd; ++i) K[key_q8_index(pos, h * hd + i, KV)] = uint8_t(q[i] + 128);
         }
         return;
@@ -108,9 +161,9 @@ void KvCache::save(int n, std::string& out) const {
         out.resize(at + 2 * rows);
         self->copy_rows(l, n, &out[at], &out[at + rows], true);
         if (type_ != KvType::Q8_0) continue;
-        for (const std::vector<float>* s : {&kscale_, &vscale_})
+        for (const float* s : {kscale(), vscale()})
             for (int kvh = 0; kvh < n_head_kv_; ++kvh)
-                out.append(reinterpret_cast<const char*>(s->data() + scale_index(l, kvh)), sizeof(float) * n);
+                out.append(reinterpret_cast<const char*>(s + scale_index(l, kvh)), sizeof(float) * n);
     }
 }
 
@@ -120,10 +173,11 @@ void KvCache::load(int n, const char* p) {
         // copy_rows is one loop for both directions; from the rows it only reads them
         copy_rows(l, n, const_cast<char*>(p), const_cast<char*>(p + rows), false), p += 2 * rows;
         if (type_ != KvType::Q8_0) continue;
-        for (std::vector<float>* s : {&kscale_, &vscale_})
+        for (float* s : {kscale(), vscale()})
             for (int kvh = 0; kvh < n_head_kv_; ++kvh)
-                std::memcpy(s->data() + scale_index(l, kvh), p, sizeof(float) * n), p += sizeof(float) * n;
+                std::memcpy(s + scale_index(l, kvh), p, sizeof(float) * n), p += sizeof(float) * n;
     }
+    for (int l = 0; l < n_layer_; ++l) hint_huge(l, n);
 }
 
 }  // namespace zen5

@@ -23,9 +23,14 @@ class KvCache {
   public:
     // Room for n_ctx positions of every layer; throws ZenError when n_ctx is not positive or
     // the model's head size does not suit the type.
+    // The memory is reserved for n_ctx positions but zeroed by the kernel page by page as the
+    // positions are first written (alloc_zeroed), so resident memory follows the positions used.
     KvCache(const Config& c, int n_ctx, KvType type);
     KvType type() const { return type_; }
     size_t bytes_per_token() const;  // K and V of one position over all layers, scales included
+    size_t bytes_reserved() const;   // the whole cache's address space
+    static size_t bytes_for(const Config& c, int n_ctx, KvType type);  // bytes_reserved, unallocated
+    size_t bytes_resident() const;   // of it, the pages in memory (mincore)
 
     // Writes position pos of a layer: k and v are its kv_dim values each, converted to the type
     // (`kernels` converts to fp16).
@@ -36,8 +41,8 @@ class KvCache {
     const uint8_t* keys(int layer) const { return at(k_, layer); }
     const uint8_t* values(int layer) const { return at(v_, layer); }
     // q8_0: a kv head's scales of a layer, one per position from position 0
-    const float* key_scales(int layer, int head) const { return kscale_.data() + scale_index(layer, head); }
-    const float* value_scales(int layer, int head) const { return vscale_.data() + scale_index(layer, head); }
+    const float* key_scales(int layer, int head) const { return kscale() + scale_index(layer, head); }
+    const float* value_scales(int layer, int head) const { return vscale() + scale_index(layer, head); }
 
     // Snapshot rows of positions [0, n): per layer K then V as (n, kv_dim) elements of the type
     // (q8_0: signed bytes, then the K and the V scales as (n_head_kv, n) fp32); n *
@@ -51,13 +56,21 @@ class KvCache {
     size_t scale_index(int layer, int head) const { return (size_t(layer) * n_head_kv_ + head) * n_rows_; }
     // between the cache's layouts and (n, kv_dim) rows, in either direction
     void copy_rows(int layer, int n, char* krows, char* vrows, bool to_rows);
+    // Huge pages for the filled part of a layer's K and V (whole 2 MiB blocks below position n):
+    // asking for them up front would fault in 2 MiB per layer at the first token (THP), so the
+    // cache is mapped on 4 KiB pages and a block is marked once it is full (khugepaged may then
+    // merge it). Only a hint.
+    void hint_huge(int layer, int n);
+    float* kscale() const { return reinterpret_cast<float*>(kscale_.get()); }
+    float* vscale() const { return reinterpret_cast<float*>(vscale_.get()); }
 
     KvType type_;
     int n_layer_, n_head_kv_, head_dim_, kv_dim_;
     int n_rows_;   // n_ctx rounded up to whole key tiles
     size_t elem_;  // 4, 2 or 1 bytes
-    AlignedBytes k_, v_;                   // (n_layer, n_rows, kv_dim) elements each, layouts above
-    std::vector<float> kscale_, vscale_;  // q8_0: (n_layer, n_head_kv, n_rows); a head's in position order
+    int huge_every_ = 0;  // positions per 2 MiB of a layer's K or V (hint_huge)
+    AlignedBytes k_, v_;            // (n_layer, n_rows, kv_dim) elements each, layouts above
+    AlignedBytes kscale_, vscale_;  // q8_0: (n_layer, n_head_kv, n_rows) floats; a head's in position order
 };
 
 }  // namespace zen5

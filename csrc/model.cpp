@@ -1,9 +1,11 @@
 #include "model.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #ifdef __linux__
 #include <sys/mman.h>
+#include <unistd.h>
 #endif
 
 namespace zen5 {
@@ -27,13 +29,6 @@ uint64_t hash_bytes(const void* data, size_t n, uint64_t seed) {
     for (; i < n; ++i) out = (out ^ p[i]) * 0x100000001B3ull;
     out ^= out >> 33;
     return out * k;
-}
-
-uint64_t hash_tensor(const TensorIn& t, uint64_t h) {
-    h = hash_bytes(t.name.data(), t.name.size(), h);
-    h = hash_bytes(&t.type, sizeof t.type, h);
-    h = hash_bytes(t.shape.data(), t.shape.size() * 8, h);
-    return hash_bytes(t.data, t.nbytes, h);
 }
 
 static std::string shape_str(const std::vector<int64_t>& s) {
@@ -73,20 +68,80 @@ const float* Model::vector_f32(const std::map<std::string, const TensorIn*>& by_
     return reinterpret_cast<const float*>(t.data);
 }
 
-AlignedBytes alloc_zeroed(size_t bytes) {
-    constexpr size_t kHuge = size_t(2) << 20;
-    const size_t align = bytes >= kHuge ? kHuge : 64;
-    const size_t total = (std::max<size_t>(bytes, 1) + align - 1) / align * align;
-    uint8_t* p = static_cast<uint8_t*>(std::aligned_alloc(align, total));
-    if (!p) throw BadModel("out of memory allocating " + std::to_string(bytes) + " bytes");
+void AlignedFree::operator()(uint8_t* p) const {
 #ifdef __linux__
-    if (align == kHuge) madvise(p, total, MADV_HUGEPAGE);  // a hint: ignored where THP is off
+    if (mapped) {
+        munmap(p, mapped);
+        return;
+    }
 #endif
+    std::free(p);
+}
+
+AlignedBytes alloc_zeroed(size_t bytes, bool huge) {
+    constexpr size_t kHuge = size_t(2) << 20, kLazy = size_t(256) << 10;
+#ifdef __linux__
+    if (bytes >= kLazy) {
+        // An anonymous mapping is zero-filled page by page on first touch: no memset, and no
+        // resident memory for what is never written (aligned_alloc + memset touched it all; a
+        // decode step writes one row of the Context's (chunk, width) scratch). Blocks of 2 MiB
+        // and more: over-map by 2 MiB and trim both ends so they start on a huge-page boundary.
+        const size_t align = bytes >= kHuge ? kHuge : 4096;
+        const size_t total = (bytes + align - 1) / align * align, extra = align == kHuge ? kHuge : 0;
+        void* raw = mmap(nullptr, total + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (raw == MAP_FAILED) throw BadModel("out of memory mapping " + std::to_string(bytes) + " bytes");
+        const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+        const uintptr_t aligned = (start + align - 1) / align * align;
+        if (aligned > start) munmap(raw, aligned - start);
+        if (start + extra > aligned) munmap(reinterpret_cast<void*>(aligned + total), start + extra - aligned);
+        uint8_t* p = reinterpret_cast<uint8_t*>(aligned);
+        // a hint, ignored where THP is off; without `huge`, no huge pages even where THP is
+        // "always", so resident memory follows use page by page (the KV cache: hint_huge)
+        if (align == kHuge) madvise(p, total, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+        AlignedBytes out(p);
+        out.get_deleter().mapped = total;
+        return out;
+    }
+#endif
+    (void)huge;
+    const size_t total = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+    uint8_t* p = static_cast<uint8_t*>(std::aligned_alloc(64, total));
+    if (!p) throw BadModel("out of memory allocating " + std::to_string(bytes) + " bytes");
     std::memset(p, 0, total);
     return AlignedBytes(p);
 }
 
-void pack_float_panels(const WeightView& w, FloatPanels& p, uint8_t* dst) {
+FileMaps::FileMaps() {
+#ifdef __linux__
+    FILE* f = std::fopen("/proc/self/maps", "r");
+    if (!f) return;
+    char line[4096];
+    while (std::fgets(line, sizeof line, f)) {
+        unsigned long lo, hi, inode;
+        char perms[8];
+        if (std::sscanf(line, "%lx-%lx %7s %*s %*s %lu", &lo, &hi, perms, &inode) != 4) continue;
+        // read-only and shared: the pages are the file's, never a private copy
+        if (inode != 0 && perms[0] == 'r' && perms[1] == '-' && perms[3] == 's') ranges_.emplace_back(lo, hi);
+    }
+    std::fclose(f);
+#endif
+}
+
+void FileMaps::release(const void* p, size_t n) const {
+#ifdef __linux__
+    static const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    for (const auto& [lo, hi] : ranges_) {
+        if (a >= hi || a + n <= lo) continue;
+        const uintptr_t s = std::max(lo, a / page * page), e = std::min(hi, (a + n + page - 1) / page * page);
+        if (s < e) madvise(reinterpret_cast<void*>(s), e - s, MADV_DONTNEED);
+    }
+#else
+    (void)p, (void)n;
+#endif
+}
+
+void pack_float_panels(const WeightView& w, FloatPanels& p, uint8_t* dst, int64_t r0, int64_t r1) {
     p.type = w.type, p.rows = w.rows, p.cols = w.cols;
     p.bands = (w.rows + kPanelRows - 1) / kPanelRows;
     const int per_step = w.type == GGML_BF16 ? 2 : 1;  // columns per step
@@ -94,7 +149,7 @@ void pack_float_panels(const WeightView& w, FloatPanels& p, uint8_t* dst) {
     p.steps = (w.cols + per_step - 1) / per_step;
     p.group_bytes = w.type == GGML_F16 ? 32 : 64;
     p.data = dst;
-    for (int64_t r = 0; r < w.rows; ++r) {
+    for (int64_t r = r0; r < (r1 < 0 ? w.rows : r1); ++r) {
         const int64_t band = r / kPanelRows, group = r % kPanelRows / 16, lane = r % 16;
         const uint8_t* src = w.row(r);
         for (int64_t c = 0; c < w.cols; ++c) {
@@ -113,13 +168,13 @@ size_t packed_bytes(const WeightView& w) {
     return payload ? size_t((w.rows + 15) / 16) * (w.cols / QK) * (payload + packed_scale_bytes(w.type)) : 0;
 }
 
-void pack_into(const WeightView& w, PackedWeights& p, uint8_t* dst) {
+void pack_into(const WeightView& w, PackedWeights& p, uint8_t* dst, int64_t r0, int64_t r1) {
     p.type = w.type, p.rows = w.rows, p.cols = w.cols;
     p.groups = (w.rows + 15) / 16, p.blocks = w.cols / QK;
     p.block_bytes = packed_payload_bytes(w.type), p.scale_bytes = packed_scale_bytes(w.type);
     uint8_t* scales = dst + size_t(p.groups) * p.blocks * p.block_bytes;  // payloads: a multiple of 64 bytes
     const size_t bb = row_bytes(w.type, QK);
-    for (int64_t r = 0; r < w.rows; ++r) {
+    for (int64_t r = r0; r < (r1 < 0 ? w.rows : r1); ++r) {
         const int64_t g = r / 16, lane = r % 16;
         for (int64_t b = 0; b < p.blocks; ++b) {
             const uint8_t* src = w.row(r) + b * bb;
@@ -148,35 +203,88 @@ bool pack_weights(const WeightView& w, PackedWeights& p, AlignedBytes& storage) 
     return true;
 }
 
-void Model::own_weights(const std::vector<WeightView*>& mats) {
-    // Every matrix the AVX-512 matmuls read lives in one arena: quantized ones repacked
-    // (PackedWeights), F32/F16/BF16 in panels (FloatPanels). One allocation because
-    // only a 2 MiB-aligned block gets huge pages, and most matrices here are smaller than 2 MiB
-    // (allocated one by one, only the head got them): decode streams every byte once per token,
-    // and over 4 KiB pages a BF16 GEMV read markedly slower than from huge pages (a standalone
-    // sweep, 269 MB of weights; the engine's A/B: commit f402a41).
-    auto own_bytes = [](const WeightView& w) {
-        const size_t n = packed_bytes(w);
-        return ((n ? n : float_panel_bytes(w.type, w.rows, w.cols)) + 63) / 64 * 64;
-    };
+size_t owned_bytes(const WeightView& w) {
+    const size_t n = packed_bytes(w);
+    return ((n ? n : float_panel_bytes(w.type, w.rows, w.cols)) + 63) / 64 * 64;
+}
+
+uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name, const std::vector<WeightView*>& mats,
+                       uint64_t h, AlignedBytes& arena, std::vector<std::unique_ptr<PackedWeights>>& packed,
+                       std::vector<std::unique_ptr<FloatPanels>>& panels) {
+    // Every matrix the matmuls read lives in one arena: quantized ones repacked (PackedWeights),
+    // F32/F16/BF16 in panels (FloatPanels). One allocation because only a 2 MiB-aligned block
+    // gets huge pages, and most matrices here are smaller than 2 MiB (allocated one by one, only
+    // the head got them): decode streams every byte once per token, and over 4 KiB pages a BF16
+    // GEMV read markedly slower than from huge pages (a standalone sweep, 269 MB of weights; the
+    // engine's A/B: commit f402a41).
+    //
+    // Lean loading: neither layout is the file's (GGUF rows vs 16-row groups / 64-row bands), so
+    // no matrix can be used in place; instead the file's pages are dropped as soon as they are
+    // copied. The arena is an anonymous mapping touched only as it is filled, and the file is
+    // read once, in stripes: hash, pack, release. Peak resident memory is the arena plus one
+    // stripe, not the arena plus the file. What stays in place is read from the file's pages
+    // later and faults back in on use: the token embedding's rows (one page per distinct token
+    // looked up) and the rows of the paths that do not read the arena (the f32 matmul of quantized
+    // weights, the reference tier: exact-reference paths, which then hold the file's pages too).
     size_t total = 0;
-    for (const WeightView* w : mats) total += own_bytes(*w);
-    arena_ = alloc_zeroed(total);  // zero: padding rows of a last group get scale 0
-    uint8_t* at = arena_.get();
+    std::map<const uint8_t*, std::vector<std::pair<WeightView*, uint8_t*>>> at_of;  // file bytes -> views
+    for (const WeightView* w : mats) total += owned_bytes(*w);
+    arena = alloc_zeroed(total);  // zero: padding rows of a last group get scale 0
+    uint8_t* at = arena.get();
+    std::vector<std::pair<WeightView*, uint8_t*>> others;  // views of memory that is not a tensor's
+    std::map<const uint8_t*, bool> tensor_data;
+    for (const auto& [name, t] : by_name) tensor_data[t->data] = true;
     for (WeightView* w : mats) {
+        if (tensor_data.count(w->data)) at_of[w->data].emplace_back(w, at);
+        else others.emplace_back(w, at);
         if (packed_bytes(*w)) {
-            auto p = std::make_unique<PackedWeights>();
-            pack_into(*w, *p, at);
-            w->packed = p.get();
-            packed_.push_back(std::move(p));
+            packed.push_back(std::make_unique<PackedWeights>());
+            w->packed = packed.back().get();
         } else {
-            auto p = std::make_unique<FloatPanels>();
-            pack_float_panels(*w, *p, at);
-            w->panels = p.get();
-            panels_.push_back(std::move(p));
+            panels.push_back(std::make_unique<FloatPanels>());
+            w->panels = panels.back().get();
         }
-        at += own_bytes(*w);
+        at += owned_bytes(*w);
     }
+    auto pack_rows = [](WeightView* w, uint8_t* dst, int64_t r0, int64_t r1) {
+        if (w->packed) pack_into(*w, *const_cast<PackedWeights*>(w->packed), dst, r0, r1);
+        else pack_float_panels(*w, *const_cast<FloatPanels*>(w->panels), dst, r0, r1);
+    };
+    for (auto& [w, dst] : others) pack_rows(w, dst, 0, w->rows);  // owned copies (converted vectors)
+
+    const FileMaps maps;
+    constexpr size_t kStripe = size_t(4) << 20;  // file bytes per step
+    for (const auto& [name, t] : by_name) {
+        h = hash_bytes(name.data(), name.size(), h);
+        h = hash_bytes(&t->type, sizeof t->type, h);
+        h = hash_bytes(t->shape.data(), t->shape.size() * 8, h);
+        StreamHash sh(h, t->nbytes);
+        auto it = at_of.find(t->data);
+        if (it == at_of.end()) {  // not a matrix of the arena: hash it and drop its pages
+            for (size_t o = 0; o < t->nbytes; o += kStripe) {
+                const size_t n = std::min(kStripe, t->nbytes - o);
+                sh.update(t->data + o, n);
+                maps.release(t->data + o, n);
+            }
+        } else {
+            const WeightView& w0 = *it->second.front().first;
+            const int64_t rows_per = std::max<int64_t>(1, int64_t(kStripe / w0.row_bytes));
+            for (int64_t r0 = 0; r0 < w0.rows; r0 += rows_per) {
+                const int64_t r1 = std::min(w0.rows, r0 + rows_per);
+                const uint8_t* src = w0.row(r0);
+                const size_t n = size_t(r1 - r0) * w0.row_bytes;
+                sh.update(src, n);
+                for (auto& [w, dst] : it->second) pack_rows(w, dst, r0, r1);
+                maps.release(src, n);
+            }
+        }
+        h = sh.finish();
+    }
+    // Once more over the whole file, now that nothing reads it: a page fault maps the pages
+    // around it that are in the page cache too (fault-around, 64 KiB), so starting on a stripe
+    // re-mapped the tail of the one released before it (13 of SmolLM2's 94 MB stayed resident).
+    for (const auto& [name, t] : by_name) maps.release(t->data, t->nbytes);
+    return h;
 }
 
 static void check_config(const Config& c) {
@@ -226,19 +334,19 @@ Model::Model(Config c, const std::vector<TensorIn>& tensors, std::vector<float> 
     for (Layer& L : layers)
         for (WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) mats.push_back(w);
     mats.push_back(&output);  // when tied, only the head gets a copy; the embedding lookup reads the file
-    own_weights(mats);
+    for (const WeightView* w : mats) arena_bytes_ += owned_bytes(*w);
 
-    // Fingerprint: the configuration, then every tensor the model uses, in name order.
+    // Fingerprint: the configuration, then every tensor the model uses, in name order (hashed
+    // while the matrices are packed: one pass over the file, pack_and_hash).
     uint64_t h = hash_bytes(cfg.arch.data(), cfg.arch.size(), 0x7A656E35);
     const int dims[] = {cfg.n_layer, cfg.n_embd, cfg.n_ff, cfg.n_head, cfg.n_head_kv, cfg.head_dim,
                         cfg.vocab_size, cfg.rope_neox, cfg.qkv_bias, cfg.qk_norm, cfg.tied_output};
     h = hash_bytes(dims, sizeof dims, h);
     h = hash_bytes(&cfg.rms_eps, sizeof cfg.rms_eps, h);
     h = hash_bytes(inv_freq.data(), inv_freq.size() * 4, h);
-    for (const auto& [name, t] : by_name) {
-        h = hash_tensor(*t, h);
+    h = pack_and_hash(by_name, mats, h, arena_, packed_, panels_);
+    for (const auto& [name, t] : by_name)
         if (name != "output.weight" || !cfg.tied_output) n_params += t->elements();
-    }
     fingerprint = h;
 }
 

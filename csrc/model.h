@@ -1,7 +1,10 @@
-// Model: read-only weights used in place (pointers into the caller's memory-mapped file, never
-// a dequantized copy), the validated configuration, RoPE frequencies and the thread pool.
-// The Python loader owns the mapped memory; the binding keeps it alive as long as the Model.
+// Model: the validated configuration, RoPE frequencies, the thread pool and the weights: every
+// matrix the matmuls read repacked into one arena (own_weights), the rest (norm vectors, the
+// token embedding's rows) read in place from the caller's memory-mapped file, never a
+// dequantized copy. The Python loader owns the mapped memory; the binding keeps it alive as long
+// as the Model. Lean loading (issue 21): the file's pages of what was repacked are released.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -24,18 +27,69 @@ struct BadModel : ZenError { using ZenError::ZenError; };
 
 // Repack a Q4_0/Q4_1/Q8_0 matrix into the PackedWeights layout (kernels.h); the bytes live in
 // `storage` (64-byte aligned). Returns false for types that are not packed.
-struct AlignedFree { void operator()(uint8_t* p) const { std::free(p); } };
+// Memory from alloc_zeroed: `mapped` bytes of an anonymous mapping (munmap), or 0 for the heap.
+struct AlignedFree {
+    size_t mapped = 0;
+    void operator()(uint8_t* p) const;
+};
 using AlignedBytes = std::unique_ptr<uint8_t, AlignedFree>;
 bool pack_weights(const WeightView& w, PackedWeights& out, AlignedBytes& storage);
 size_t packed_bytes(const WeightView& w);  // 0 for types that are not packed
-void pack_into(const WeightView& w, PackedWeights& out, uint8_t* dst);  // dst: zeroed, 64-aligned
+// dst: zeroed, 64-aligned; rows [r0, r1) only (r1 < 0: all), each row's bytes are its own
+void pack_into(const WeightView& w, PackedWeights& out, uint8_t* dst, int64_t r0 = 0, int64_t r1 = -1);
 // Repack an F32/F16/BF16 matrix into the FloatPanels layout (kernels.h) at dst (zeroed,
-// 64-aligned, float_panel_bytes long).
-void pack_float_panels(const WeightView& w, FloatPanels& out, uint8_t* dst);
-// `bytes` of zeroed memory, 64-byte aligned; large blocks are 2 MiB aligned and asked to be
-// backed by huge pages (Linux THP, madvise mode): the weights and the KV cache are streamed
-// every token, and with 4 KiB pages each page costs a TLB walk. Throws BadModel when out of memory.
-AlignedBytes alloc_zeroed(size_t bytes);
+// 64-aligned, float_panel_bytes long); rows [r0, r1) only (r1 < 0: all).
+void pack_float_panels(const WeightView& w, FloatPanels& out, uint8_t* dst, int64_t r0 = 0, int64_t r1 = -1);
+// The arena bytes one matrix takes (packed or panels), a multiple of 64.
+size_t owned_bytes(const WeightView& w);
+// `bytes` of zeroed memory, 64-byte aligned. Blocks of 256 KiB and more come from an anonymous
+// mapping (mmap; from 2 MiB on, 2 MiB aligned): the kernel zeroes a page when it is first touched, so what is
+// never written costs no resident memory (a KV cache for a long n_ctx holds only the positions
+// used). With `huge` blocks of 2 MiB and more are asked to be backed by huge pages (Linux THP, madvise mode): the
+// weights are streamed every token, and with 4 KiB pages each page costs a TLB walk. Throws
+// BadModel when out of memory.
+AlignedBytes alloc_zeroed(size_t bytes, bool huge = true);
+// A zeroed array for scratch whose size follows n_ctx or the chunk: a block of 256 KiB or more
+// costs resident memory only where it is written (alloc_zeroed), std::vector's resize would
+// write all of it.
+template <class T>
+class ZeroedArray {
+  public:
+    void resize(size_t n) { mem_ = alloc_zeroed(std::max<size_t>(n, 1) * sizeof(T)), n_ = n; }
+    T* data() { return reinterpret_cast<T*>(mem_.get()); }
+    const T* data() const { return reinterpret_cast<const T*>(mem_.get()); }
+    T& operator[](size_t i) { return data()[i]; }
+    const T& operator[](size_t i) const { return data()[i]; }
+    size_t size() const { return n_; }
+  private:
+    AlignedBytes mem_;
+    size_t n_ = 0;
+};
+
+struct TensorIn;
+
+// Release the pages of [p, p + n) where they belong to a read-only shared file mapping (the
+// loader's np.memmap): MADV_DONTNEED drops them from this process (the page cache keeps them, and
+// a later read faults them back in from the file, so nothing is lost); memory of any other kind
+// (the heap, a writable or private mapping, whose pages DONTNEED would zero) is left alone. The
+// range is rounded out to whole pages: a neighbour's edge page that is still to be read comes
+// back on its next access.
+class FileMaps {
+  public:
+    FileMaps();  // reads /proc/self/maps
+    void release(const void* p, size_t n) const;
+    bool any() const { return !ranges_.empty(); }
+  private:
+    std::vector<std::pair<uintptr_t, uintptr_t>> ranges_;  // [start, end) of r--s file mappings
+};
+// Packs `mats` into one arena (PackedWeights / FloatPanels, set on each view) and hashes every
+// tensor of `by_name` into `h` in name order, in one pass over the file: each tensor in stripes of
+// a few MiB that are hashed, packed where a matrix reads them and released (FileMaps), so the
+// resident file pages at any moment are one stripe, not the file. Returns the hash.
+uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name,
+                       const std::vector<WeightView*>& mats, uint64_t h, AlignedBytes& arena,
+                       std::vector<std::unique_ptr<PackedWeights>>& packed,
+                       std::vector<std::unique_ptr<FloatPanels>>& panels);
 
 struct Config {
     std::string arch;  // llama | qwen2 | qwen3
@@ -83,13 +137,17 @@ class Model {
     int64_t n_params = 0;
     mutable ThreadPool pool;
 
+    size_t weight_bytes() const { return arena_bytes_; }  // the arena: what the matmuls read
+
   private:
     // the matrices' own copies (quantized ones repacked, see PackedWeights; float ones in
-    // panels, see FloatPanels), one arena; WeightView::data still points at the file's rows
+    // panels, see FloatPanels), one arena; WeightView::data still points at the file's rows,
+    // whose pages are released once copied (pack_and_hash). The paths that read those rows (the
+    // f32 matmul of quantized weights, the reference tier) fault them back in from the file.
     AlignedBytes arena_;
+    size_t arena_bytes_ = 0;
     std::vector<std::unique_ptr<PackedWeights>> packed_;
     std::vector<std::unique_ptr<FloatPanels>> panels_;
-    void own_weights(const std::vector<WeightView*>& mats);
 
     WeightView matrix(const std::map<std::string, const TensorIn*>& by_name, const std::string& name,
                       int64_t rows, int64_t cols) const;
@@ -98,7 +156,44 @@ class Model {
 };
 
 uint64_t hash_bytes(const void* data, size_t n, uint64_t seed);
-uint64_t hash_tensor(const TensorIn& t, uint64_t h);  // name, type, shape and bytes (model fingerprints)
+
+// hash_bytes over a byte stream fed in pieces (the total length known up front): the same value
+// as one hash_bytes call over the concatenation, so the fingerprint does not depend on how a
+// load is striped.
+class StreamHash {
+  public:
+    StreamHash(uint64_t seed, size_t n) : h_{seed ^ n, seed + kK, seed * 3 + 1, ~seed} {}
+    void update(const uint8_t* p, size_t n) {
+        if (held_) {  // complete the held partial word group first
+            const size_t take = std::min(n, 32 - held_);
+            std::memcpy(buf_ + held_, p, take);
+            held_ += take, p += take, n -= take;
+            if (held_ < 32) return;
+            mix(buf_), held_ = 0;
+        }
+        for (; n >= 32; p += 32, n -= 32) mix(p);
+        std::memcpy(buf_, p, n), held_ = n;
+    }
+    uint64_t finish() const {
+        uint64_t out = h_[0] ^ (h_[1] * 31) ^ (h_[2] * 37) ^ (h_[3] * 41);
+        for (size_t i = 0; i < held_; ++i) out = (out ^ buf_[i]) * 0x100000001B3ull;
+        out ^= out >> 33;
+        return out * kK;
+    }
+  private:
+    static constexpr uint64_t kK = 0x9E3779B97F4A7C15ull;
+    void mix(const uint8_t* p) {
+        for (int l = 0; l < 4; ++l) {
+            uint64_t w;
+            std::memcpy(&w, p + 8 * l, 8);
+            h_[l] = (h_[l] ^ w) * kK;
+            h_[l] ^= h_[l] >> 29;
+        }
+    }
+    uint64_t h_[4];
+    uint8_t buf_[32];
+    size_t held_ = 0;
+};
 
 
 }  // namespace zen5

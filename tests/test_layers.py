@@ -28,7 +28,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("text", ("zen5.dialects", "zen5.constraints", "zen5.grammar", "zen5.lark_json_string",
               "zen5.tool_memory", "zen5.checkpoints", "zen5.signatures", "zen5.chat_types")),
     ("engine", ("zen5", "zen5.engine", "zen5.sampling", "zen5.lookup", "zen5.tokenizer",
-                "zen5.loader", "zen5.config", "zen5.deepseek_v4_config", "zen5.registry", "zen5.cpu_topology")),
+                "zen5.loader", "zen5.config", "zen5.deepseek_v4_config", "zen5.registry", "zen5.cpu_topology",
+                "zen5.memory")),
     ("native", ("zen5._native",)),
     # pure-Python helpers and value types the text layers and the engine both use (private
     # files, the environment overrides)

@@ -77,8 +77,24 @@ def tensor_shapes(arch="llama", tied=True, **dims) -> dict[str, tuple[int, ...]]
     return out
 
 
-def _array(name: str, shape, qtype, rng):
+def _random_blocks(shape, qtype, rng):
+    """Raw blocks of random values built directly (no float matrix, no quantizer): writing a
+    model of hundreds of MB this way takes seconds. Scales are small positive f16 values."""
+    rows, cols = int(np.prod(shape[:-1])), shape[-1]
+    if qtype == Q.BF16:
+        x = rng.standard_normal((rows, cols), dtype=np.float32) * 0.02
+        return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(*shape[:-1], cols * 2)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    n_scales = 2 if qtype == Q.Q4_1 else 1  # d (and Q4_1's m), f16 each
+    raw[:, :, :2 * n_scales] = np.frombuffer(np.float16(0.01).tobytes() * n_scales, np.uint8)
+    return raw.reshape(*shape[:-1], cols // block * size)
+
+
+def _array(name: str, shape, qtype, rng, fast=False):
     """(data, raw_dtype) for add_tensor: floats for F32/F16, raw blocks otherwise."""
+    if fast and len(shape) == 2 and qtype in (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.BF16):
+        return _random_blocks(shape, qtype, rng), qtype
     x = rng.standard_normal(shape).astype(np.float32)
     if qtype == Q.F32:
         return x, None
@@ -96,8 +112,9 @@ def _array(name: str, shape, qtype, rng):
 
 def write_gguf(path, arch="llama", tied=True, types: dict | None = None, extra_tensors=(),
                metadata=None, pre="smollm", tokenizer_model="gpt2", matrix_type=Q.Q8_0,
-               drop=(), **dims) -> str:
-    """A complete tiny model; `types` overrides the GGML type of named tensors."""
+               drop=(), fast=False, **dims) -> str:
+    """A complete tiny model; `types` overrides the GGML type of named tensors. `fast`: matrices
+    are random blocks written directly (_random_blocks), for models of hundreds of MB."""
     d = {**DIMS, **dims}
     rng = np.random.default_rng(0)
     w = gguf.GGUFWriter(os.fspath(path), arch)
@@ -119,7 +136,7 @@ def write_gguf(path, arch="llama", tied=True, types: dict | None = None, extra_t
         if name in drop:
             continue
         qtype = (types or {}).get(name, Q.F16 if len(shape) == 1 else matrix_type)
-        data, raw = _array(name, shape, qtype, rng)
+        data, raw = _array(name, shape, qtype, rng, fast)
         w.add_tensor(name, data, raw_dtype=raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()

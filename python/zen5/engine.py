@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from zen5 import _native, cpu_topology, overrides
+from zen5 import _native, cpu_topology, memory, overrides
 from zen5.config import SUPPORTED_TYPES, ModelConfig
 from zen5.deepseek_v4_config import DeepSeekV4Config
 from zen5.loader import LoadedWeights, load_weights
@@ -119,16 +119,20 @@ class Engine:
         self._watch: Callable[[int, int], None] | None = None
 
     def _init_llama(self, weights, isa, matmul, kv_type):
-        tensors = [(t.name, t.ggml_type, list(t.shape), t.data) for t in weights.tensors.values()]
-        self.native = _native.Model(self.config.to_native(), tensors, self.config.rope_inv_freq(), self.threads)
         # matmul: "int8" (default; quantized weights times int8-quantized activations, as
         # llama.cpp does) or "f32" (dequantize to fp32: the exact path the PyTorch oracle pins).
         self.matmul = matmul or overrides.get("ZEN5_MATMUL") or "int8"
         # kv_type: how the cache stores K/V: "f16" (the int8 path's default), "f32" (the f32
         # path's) or "q8_0" (int8 with a scale per position and head: half of f16's bytes, so
         # long contexts take half the memory and decode deep in them reads half the cache).
-        self.native_ctx = _native.Context(self.native, self.n_ctx, isa or "", self.matmul,
-                                          kv_type or overrides.get("ZEN5_KV_TYPE") or "")
+        kv = kv_type or overrides.get("ZEN5_KV_TYPE") or ("f16" if self.matmul == "int8" else "f32")
+        # Refuse what does not fit before the arena and the cache are allocated (memory.py).
+        memory.check_fits(memory.llama_weight_bytes(weights),
+                          _native.kv_cache_bytes(self.config.to_native(), self.n_ctx, kv), self.n_ctx, kv,
+                          weights.metadata.get("path"))
+        tensors = [(t.name, t.ggml_type, list(t.shape), t.data) for t in weights.tensors.values()]
+        self.native = _native.Model(self.config.to_native(), tensors, self.config.rope_inv_freq(), self.threads)
+        self.native_ctx = _native.Context(self.native, self.n_ctx, isa or "", self.matmul, kv)
 
     def _init_deepseek_v4(self, weights, isa, matmul, kv_type, qat):
         """DeepSeek V4: float weights (BF16/F32) in f32 math; the state (raw window, compressed and
@@ -144,8 +148,12 @@ class Engine:
             qat = raw == "1"
         self.qat, self.matmul = bool(qat), "f32"
         main, compress = self.config.rope_tables()
-        self.native = _native.DeepSeekV4Model(self.config.to_native(), weights.native_tensors(), main, compress,
-                                              self.threads)
+        tensors = weights.native_tensors()
+        types = {"F32": 0, "F16": 1, "BF16": 30}  # the panels of every float matrix but the embedding
+        memory.check_fits(sum(_native.owned_matrix_bytes(types[d], *shape) for name, d, shape, _ in tensors
+                              if len(shape) == 2 and d in types and name != "embed.weight"),
+                          0, self.n_ctx, "f32", weights.metadata.get("path"))
+        self.native = _native.DeepSeekV4Model(self.config.to_native(), tensors, main, compress, self.threads)
         self.native_ctx = _native.DeepSeekV4Context(self.native, self.n_ctx, isa or "", self.qat)
 
     @classmethod
@@ -388,5 +396,11 @@ class Engine:
             "lookup": self.lookup,
             **({"qat_sim": self.qat} if self.qat is not None else {}),
             "kv_bytes_per_token": int(self.native_ctx.kv_bytes_per_token),
+            # the weight arena (what the matmuls read; the file's pages are released) and the
+            # KV cache: reserved for the whole context, resident only for the positions used
+            "weight_bytes": int(self.native.weight_bytes),
+            **({"kv_bytes_reserved": int(self.native_ctx.kv_bytes_reserved),
+                "kv_bytes_resident": int(self.native_ctx.kv_bytes_resident)}
+               if hasattr(self.native_ctx, "kv_bytes_reserved") else {}),
             "threads": self.threads,
         }

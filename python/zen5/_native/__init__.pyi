@@ -29,6 +29,10 @@ def isa_tiers() -> list[tuple[str, str]]: ...
 def sample_token(logits: npt.ArrayLike, temperature: float, top_k: int, top_p: float, min_p: float,
                  u: float) -> int: ...
 def hardware_threads() -> int: ...
+# Memory planning before anything is allocated (zen5.memory): the arena bytes of one matrix (0 for
+# a type that is not repacked) and a KV cache's bytes for n_ctx positions at kv ("f32" | "f16" | "q8_0")
+def owned_matrix_bytes(type: int, rows: int, cols: int) -> int: ...
+def kv_cache_bytes(config: dict[str, Any], n_ctx: int, kv: str) -> int: ...
 
 class Model:
     # config: ModelConfig.to_native(); tensors: (name, ggml type, shape, C-contiguous bytes),
@@ -41,6 +45,8 @@ class Model:
     def n_params(self) -> int: ...
     @property
     def threads(self) -> int: ...
+    @property
+    def weight_bytes(self) -> int: ...  # the arena the matmuls read (the file's pages are released)
 
 class Context:
     # isa: a tier name, "" for the active one; matmul: "int8" | "f32"; kv: "f32" | "f16" |
@@ -52,6 +58,10 @@ class Context:
     def kv_type(self) -> str: ...
     @property
     def kv_bytes_per_token(self) -> int: ...
+    @property
+    def kv_bytes_reserved(self) -> int: ...  # the cache's address space for n_ctx positions
+    @property
+    def kv_bytes_resident(self) -> int: ...  # of it, the pages in memory (written positions)
     @property
     def n_past(self) -> int: ...
     @property
@@ -79,6 +89,8 @@ class DeepSeekV4Model:
     def n_params(self) -> int: ...
     @property
     def threads(self) -> int: ...
+    @property
+    def weight_bytes(self) -> int: ...  # the panels' arena
 
 class DeepSeekV4Context:
     # Context's methods over DeepSeek V4's state (deepseek_v4.h); qat: the FP8/FP4/Hadamard simulations

@@ -8,6 +8,8 @@ import numpy.typing as npt
 
 _F32: TypeAlias = npt.NDArray[np.float32]
 
+# (hash_bytes(data, seed), the same hash fed in pieces of `piece` bytes): the fingerprint's streaming
+def hash_pieces(data: bytes, seed: int, piece: int) -> tuple[int, int]: ...
 # y (n, rows) = x (n, cols) W^T, W rows of GGML type `type` in w's bytes
 def kernel_matmul(isa: str, type: int, w: npt.NDArray[np.uint8], rows: int, cols: int, x: npt.ArrayLike) -> _F32: ...
 def kernel_matmul_int8(isa: str, type: int, w: npt.NDArray[np.uint8], rows: int, cols: int,

@@ -309,6 +309,7 @@ def load_gguf(path) -> LoadedWeights:
     tensors, ignored = prepare_tensors(config, {n: Tensor(n, t.ggml_type, t.shape, data[t.offset:t.offset + t.nbytes])
                                                 for n, t in header.tensors.items()}, path)
     tokenizer = _tokenizer(data, header, path)
+    _release(data)  # norms copied to F32, tokenizer built: none of the file needs to stay resident
     if tokenizer.vocab_size > config.vocab_size:
         raise BadModelFile(path, f"tokenizer has {tokenizer.vocab_size} tokens but the embedding "
                                  f"only {config.vocab_size} rows")
@@ -320,6 +321,19 @@ def load_gguf(path) -> LoadedWeights:
         metadata={"format": "gguf", "path": path,
                   "name": name if isinstance(name, str) else os.path.basename(path),
                   "ignored_tensors": ignored})
+
+
+def _release(data: np.memmap) -> None:
+    """Drop the mapping's pages from this process (a read-only shared file mapping: a later read
+    faults them back in from the page cache). Reading the norms and the vocabulary mapped their
+    neighbours too (the kernel maps 64 KiB around a fault), megabytes of matrices before the
+    native load (which releases what it packs itself: model.cpp, FileMaps)."""
+    mm = getattr(data, "_mmap", None)
+    if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        try:
+            mm.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError):
+            pass
 
 
 def tokenizer_fields(buf, header: GGUFHeader, path=None) -> dict:
