@@ -17,8 +17,9 @@ import re
 import anthropic
 import openai
 import pytest
-from dsv4_checkpoint import make_checkpoint
 from serverlib import ServerProcess
+
+from dsv4_checkpoint import make_checkpoint
 
 pytestmark = pytest.mark.model
 
