@@ -184,7 +184,7 @@ V4Model::V4Model(V4Config c, const std::vector<TensorIn>& tensors, std::vector<f
     h = hash_bytes(freq_compress.data(), freq_compress.size() * 4, h);
     for (const WeightView* w : mats) arena_bytes_ += owned_bytes(*w);
     std::vector<std::unique_ptr<PackedWeights>> none;  // V4's matrices are all float
-    h = pack_and_hash(b.by, mats, h, arena_, none, panels_);
+    h = pack_and_hash(b.by, mats, h, arena_, none, panels_, pool);
     for (const auto& [name, t] : b.by) n_params += t->elements();
     fingerprint = h;
 }

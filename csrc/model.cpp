@@ -149,15 +149,15 @@ void pack_float_panels(const WeightView& w, FloatPanels& p, uint8_t* dst, int64_
     p.steps = (w.cols + per_step - 1) / per_step;
     p.group_bytes = w.type == GGML_F16 ? 32 : 64;
     p.data = dst;
+    // a row's steps are group_bytes * 4 apart; a step holds per_step of its columns side by side
+    const size_t stride = p.group_bytes * 4, step_bytes = per_step * elem;
     for (int64_t r = r0; r < (r1 < 0 ? w.rows : r1); ++r) {
         const int64_t band = r / kPanelRows, group = r % kPanelRows / 16, lane = r % 16;
         const uint8_t* src = w.row(r);
-        for (int64_t c = 0; c < w.cols; ++c) {
-            const int64_t step = c / per_step, half = c % per_step;
-            uint8_t* at = dst + ((size_t(band) * p.steps + step) * 4 + group) * p.group_bytes +
-                          (lane * per_step + half) * elem;
-            std::memcpy(at, src + c * elem, elem);
-        }
+        uint8_t* at = dst + (size_t(band) * p.steps * 4 + group) * p.group_bytes + lane * step_bytes;
+        const int64_t full = w.cols / per_step;
+        for (int64_t s = 0; s < full; ++s) std::memcpy(at + s * stride, src + s * step_bytes, step_bytes);
+        if (full < p.steps) std::memcpy(at + full * stride, src + full * step_bytes, (w.cols % per_step) * elem);
     }
 }
 
@@ -210,7 +210,7 @@ size_t owned_bytes(const WeightView& w) {
 
 uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name, const std::vector<WeightView*>& mats,
                        uint64_t h, AlignedBytes& arena, std::vector<std::unique_ptr<PackedWeights>>& packed,
-                       std::vector<std::unique_ptr<FloatPanels>>& panels) {
+                       std::vector<std::unique_ptr<FloatPanels>>& panels, ThreadPool& pool) {
     // Every matrix the matmuls read lives in one arena: quantized ones repacked (PackedWeights),
     // F32/F16/BF16 in panels (FloatPanels). One allocation because only a 2 MiB-aligned block
     // gets huge pages, and most matrices here are smaller than 2 MiB (allocated one by one, only
@@ -268,13 +268,20 @@ uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name, co
             }
         } else {
             const WeightView& w0 = *it->second.front().first;
-            const int64_t rows_per = std::max<int64_t>(1, int64_t(kStripe / w0.row_bytes));
+            const int64_t rows_per = std::max<int64_t>(16, int64_t(kStripe / w0.row_bytes) / 16 * 16);
             for (int64_t r0 = 0; r0 < w0.rows; r0 += rows_per) {
                 const int64_t r1 = std::min(w0.rows, r0 + rows_per);
                 const uint8_t* src = w0.row(r0);
                 const size_t n = size_t(r1 - r0) * w0.row_bytes;
                 sh.update(src, n);
-                for (auto& [w, dst] : it->second) pack_rows(w, dst, r0, r1);
+                // the stripe's rows packed by every thread, 16 at a time (a group: no two threads
+                // write one destination block), so the arena's pages are also first touched, and
+                // zeroed by the kernel, on every core: both were most of a load's time
+                const int tasks = int((r1 - r0 + 15) / 16);
+                pool.run(tasks, [&](int t, int) {
+                    const int64_t a = r0 + int64_t(t) * 16, b = std::min(r1, a + 16);
+                    for (auto& [w, dst] : it->second) pack_rows(w, dst, a, b);
+                });
                 maps.release(src, n);
             }
         }
@@ -344,7 +351,7 @@ Model::Model(Config c, const std::vector<TensorIn>& tensors, std::vector<float> 
     h = hash_bytes(dims, sizeof dims, h);
     h = hash_bytes(&cfg.rms_eps, sizeof cfg.rms_eps, h);
     h = hash_bytes(inv_freq.data(), inv_freq.size() * 4, h);
-    h = pack_and_hash(by_name, mats, h, arena_, packed_, panels_);
+    h = pack_and_hash(by_name, mats, h, arena_, packed_, panels_, pool);
     for (const auto& [name, t] : by_name)
         if (name != "output.weight" || !cfg.tied_output) n_params += t->elements();
     fingerprint = h;

@@ -85,11 +85,12 @@ class FileMaps {
 // Packs `mats` into one arena (PackedWeights / FloatPanels, set on each view) and hashes every
 // tensor of `by_name` into `h` in name order, in one pass over the file: each tensor in stripes of
 // a few MiB that are hashed, packed where a matrix reads them and released (FileMaps), so the
-// resident file pages at any moment are one stripe, not the file. Returns the hash.
+// resident file pages at any moment are one stripe, not the file; the pool's threads pack each
+// stripe. Returns the hash.
 uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name,
                        const std::vector<WeightView*>& mats, uint64_t h, AlignedBytes& arena,
                        std::vector<std::unique_ptr<PackedWeights>>& packed,
-                       std::vector<std::unique_ptr<FloatPanels>>& panels);
+                       std::vector<std::unique_ptr<FloatPanels>>& panels, ThreadPool& pool);
 
 struct Config {
     std::string arch;  // llama | qwen2 | qwen3
