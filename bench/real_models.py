@@ -46,6 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
+from zen5.tokenizer import byte_chars
+
 WRITER_VERSION = 1
 SPEED_NOTE = "random weights: speed does not depend on the weights' values"
 TYPES = ("Q4_0", "Q4_1", "Q8_0", "BF16")
@@ -120,18 +122,6 @@ def file_name(shape: Shape, qtype: str) -> str:
 # ---------------------------------------------------------------- the tokenizer
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = [("h", "e"), ("l", "l"), ("he", "ll"), ("Ġ", "w"), ("Ġ", "t"), ("Ġ", "a"), ("t", "h"), ("i", "n")]
-
-
-def byte_chars() -> list[str]:
-    """GPT-2's bytes_to_unicode table: the 256 single-byte tokens of a byte-level BPE."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for _, c in sorted(zip(bs, cs))]
 
 
 def vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:

@@ -12,22 +12,11 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
+from zen5.tokenizer import byte_chars
+
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 USER_DEFINED = ["<tool>"]
 MERGES = [("h", "e"), ("l", "l"), ("he", "ll"), ("Ġ", "w")]
-
-
-def byte_chars() -> list[str]:
-    """GPT-2's bytes_to_unicode table: the 256 single-byte tokens of a byte-level BPE."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for _, c in sorted(zip(bs, cs))]
 
 
 def vocab() -> tuple[list[str], list[int], list[str]]:

@@ -50,6 +50,12 @@ def _gpt2_byte_table() -> dict[str, int]:
 _BYTE_OF = _gpt2_byte_table()
 
 
+def byte_chars() -> list[str]:
+    """The 256 single-byte tokens of a byte-level BPE, in byte order (GPT-2's bytes_to_unicode);
+    the tests' and the benchmarks' synthetic vocabularies start with them."""
+    return [c for c, _ in sorted(_BYTE_OF.items(), key=lambda kv: kv[1])]
+
+
 def _byte_level(use_regex=True):
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=use_regex)
 
