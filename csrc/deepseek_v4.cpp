@@ -303,10 +303,10 @@ void V4Context::hc_post(const float* out, const float* post, const float* comb, 
     // new stream k = post[k] * out + sum over j of comb[j][k] * old stream j (comb transposed)
     const V4Config& c = model_->cfg;
     const int H = c.hc_mult, D = c.hidden;
-    std::vector<float> old(size_t(H) * D);
+    float* old = tmp2_.data();  // scratch of hc * hidden floats (hc_pre's normed rows are spent)
     for (int t = 0; t < n; ++t) {
         float* x = X_.data() + size_t(t) * H * D;
-        std::memcpy(old.data(), x, sizeof(float) * H * D);
+        std::memcpy(old, x, sizeof(float) * H * D);
         const float* cm = comb + size_t(t) * H * H;
         for (int k = 0; k < H; ++k)
             for (int d = 0; d < D; ++d) {

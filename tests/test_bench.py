@@ -4,7 +4,6 @@ checked (this machine's speed is not a test); their shape and the files' layout 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,19 +18,11 @@ from gguf import GGMLQuantizationType as Q
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
+from modules import load_file  # noqa: E402
 
-
-def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-harness = _load(ROOT / "bench" / "harness.py", "bench_harness_under_test")
-report = _load(ROOT / "bench" / "report.py", "bench_report_under_test")
-convert_gguf = _load(ROOT / "scripts" / "convert_gguf.py", "convert_gguf_under_test")
+harness = load_file(ROOT / "bench" / "harness.py", "bench_harness_under_test")
+report = load_file(ROOT / "bench" / "report.py", "bench_report_under_test")
+convert_gguf = load_file(ROOT / "scripts" / "convert_gguf.py", "convert_gguf_under_test")
 
 FRONTIER_COLUMNS = ["ctx_tokens", "prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps", "kv_bytes"]
 

@@ -4,7 +4,6 @@ same seed, the cache reused; the CLI flags; the end-to-end rows; the README sect
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,20 +17,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))
+from modules import load_file  # noqa: E402
 
-
-def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-real_models = _load(ROOT / "bench" / "real_models.py", "real_models")
-harness = _load(ROOT / "bench" / "harness.py", "bench_harness_real_under_test")
-report = _load(ROOT / "bench" / "report.py", "bench_report_real_under_test")
-real_bench = _load(ROOT / "bench" / "real_bench.py", "real_bench")
+real_models = load_file(ROOT / "bench" / "real_models.py", "real_models")
+harness = load_file(ROOT / "bench" / "harness.py", "bench_harness_real_under_test")
+report = load_file(ROOT / "bench" / "report.py", "bench_report_real_under_test")
+real_bench = load_file(ROOT / "bench" / "real_bench.py", "real_bench")
 
 SMALL = real_models.Shape("small", hidden=128, layers=2, ffn=256, heads=2, kv_heads=1, head_dim=64, vocab=320,
                           tied=False, pre="llama-bpe", ctx=512)
