@@ -5,14 +5,19 @@ cached outside the repository): speed does not depend on the weights' values, an
 Per type (default: Q4_0, Q4_1, Q8_0 and BF16; --types restricts) and thread count (1 and 2), each
 repetition runs every engine once in a rotating order (the kernel / peers modes' interleaving),
 each engine's block being:
-  zen5       a fresh child process (this file, --worker) that loads the file and evaluates one
-             token: "load" is open (load_weights) to the first token's logits, Python start-up and
-             imports excluded; it then reads its own /proc/self/status: VmHWM (peak resident
-             memory, during load and the first token) and VmRSS (resident after it); the KV cache
-             it allocated (n_ctx x kv_bytes_per_token, n_ctx sized for the tests) is reported
-             apart. Then the warm-up (pp64, tg8, not recorded) and the tests (pp512, tg128, the
-             runner of workload.py), and the child exits, so no engine holds memory while the
-             other runs and one that fails (e.g. out of memory) costs only its own rows.
+  zen5       two fresh child processes (this file, --worker), each loading the file and evaluating
+             one token: "load" is open (load_weights) to the first token's logits, Python start-up
+             and imports excluded; the child then reads its own /proc/self/status: VmHWM (peak
+             resident memory, during load and the first token) and VmRSS (resident after it); the
+             KV cache it allocated (n_ctx x kv_bytes_per_token, n_ctx sized for the tests) is
+             reported apart. The first child finds no weight cache (zen5/weight_cache.py; the
+             run's own directory, emptied before each block): it packs the weights and writes the
+             cache, the "load_first" row. The second maps that cache, the "load" row (what every
+             load after the first costs), waits until the arena has moved onto huge pages (the
+             time is in the row's note), then runs the warm-up (pp64, tg8, not recorded) and the
+             tests (pp512, tg128, the runner of workload.py). Each child exits, so no engine holds
+             memory while another runs and one that fails (e.g. out of memory) costs only its own
+             rows.
   llama.cpp  the peer build of the tier (peers.py): a load probe, `llama-bench -p 0 -n 1,16 -r 1
              --no-warmup -o jsonl`: "load" is the wall time from starting the process to its
              first result line (model load, context, one decoded token: open to first token,
@@ -42,9 +47,11 @@ import datetime
 import json
 import os
 import select
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -103,7 +110,8 @@ def worker(spec: dict) -> dict:
     t0 = time.perf_counter()
     weights = load_weights(spec["path"])
     t1 = time.perf_counter()
-    eng = Engine(weights, threads=spec["threads"], n_ctx=spec["n_ctx"], isa=spec["isa"] or None)
+    eng = Engine(weights, threads=spec["threads"], n_ctx=spec["n_ctx"], isa=spec["isa"] or None,
+                 weight_cache=spec.get("weight_cache"))
     t2 = time.perf_counter()
     eng.native_ctx.eval([0])
     logits = np.asarray(eng.native_ctx.logits())
@@ -114,8 +122,11 @@ def worker(spec: dict) -> dict:
     out = dict(load_s=t3 - t0, weights_s=t1 - t0, engine_s=t2 - t1, first_token_s=t3 - t2,
                rss_base=base.get("VmRSS", 0), rss_peak=st.get("VmHWM", 0), rss_after=st.get("VmRSS", 0),
                kv_bytes=int(eng.native_ctx.kv_bytes_per_token) * eng.n_ctx, finite=finite,
-               build=f"matmul={eng.matmul}", isa=eng.isa, secs={})
+               build=f"matmul={eng.matmul}", isa=eng.isa, secs={}, cache=eng.weight_cache["status"])
     if spec["tests"]:
+        while not eng.weight_cache["promoted"]:  # the tests time the arena on huge pages
+            time.sleep(0.01)
+        out["promote_s"] = time.perf_counter() - t3
         tokens = eng.tokenizer.encode(fixed_text())
         eos = sorted(eng.tokenizer.eos_ids)
         need = max(n_tokens(t) for t in list(WARMUP) + spec["tests"] if t.startswith("pp"))
@@ -130,11 +141,23 @@ def worker(spec: dict) -> dict:
 class Zen5Block:
     name = "zen5"
 
-    def __init__(self, isa: str, n_ctx: int):
-        self.isa, self.n_ctx = isa, n_ctx
+    def __init__(self, isa: str, n_ctx: int, cache_dir: str):
+        self.isa, self.n_ctx, self.cache_dir = isa, n_ctx, cache_dir
 
     def block(self, path: str, threads: int, tests: list[str]) -> dict:
-        spec = dict(path=path, threads=threads, tests=tests, isa=self.isa, n_ctx=self.n_ctx)
+        """The first load (no cache: packs, writes it), then a load from the cache and the tests."""
+        for f in Path(self.cache_dir).iterdir():
+            f.unlink()
+        first = self.child(path, threads, [])
+        res = self.child(path, threads, tests)
+        if first["cache"] != "written" or res["cache"] != "hit":
+            raise RuntimeError(f"weight cache: first load {first['cache']!r}, second {res['cache']!r}")
+        res["first"] = first
+        return res
+
+    def child(self, path: str, threads: int, tests: list[str]) -> dict:
+        spec = dict(path=path, threads=threads, tests=tests, isa=self.isa, n_ctx=self.n_ctx,
+                    weight_cache=self.cache_dir)
         proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
                               capture_output=True, text=True)
         lines = proc.stdout.strip().splitlines()
@@ -222,7 +245,6 @@ class RealRun:
     def execute(self) -> dict:
         import harness
         import roofline
-        from peers import LlamaBench
 
         cfg = self.cfg
         self.log(f"real model sizes: {self.shape.name} ({self.shape.n_params() / 1e9:.2f} G parameters), "
@@ -239,7 +261,20 @@ class RealRun:
                 self.roofs[t] = roofline.measure(t, self.tier)
                 self.log(f"roofline {t}t: DRAM read {self.roofs[t]['read_dram_gbps']:.1f} GB/s")
         n_ctx = max(max(cfg.prompts), cfg.gen + 1, 64 + 1)
-        engines = [Zen5Block(self.tier, n_ctx)] + [LlamaBlock(LlamaBench(p)) for p in self.peers]
+        cache_dir = tempfile.mkdtemp(prefix="zen5-bench-arena-")  # removed at the end: arenas are GBs
+        try:
+            self._repetitions(cfg, n_ctx, cache_dir)
+        finally:
+            shutil.rmtree(cache_dir, ignore_errors=True)
+        steal1 = harness.cpu_ticks()
+        self.steal_pct = 100.0 * (steal1[0] - steal0[0]) / max(1, steal1[1] - steal0[1])
+        return self._write()
+
+    def _repetitions(self, cfg, n_ctx: int, cache_dir: str) -> None:
+        import harness
+        from peers import LlamaBench
+
+        engines = [Zen5Block(self.tier, n_ctx, cache_dir)] + [LlamaBlock(LlamaBench(p)) for p in self.peers]
         self.log(f"zen5 ISA tier {self.tier} (best here: {self.best}); peers: {', '.join(self.peers) or 'none'}")
         tests = self.tests()
         for rep in range(cfg.repeat):
@@ -267,14 +302,16 @@ class RealRun:
                         self.loads.setdefault(key, []).append(res)
                         for test, dt in res["secs"].items():
                             self.samples.setdefault(key + (test,), []).append(dt)
+                        if "first" in res:
+                            f = res["first"]
+                            self.log(f"{eng.name} {q} {threads}t: first load {f['load_s']:.2f} s, peak RSS "
+                                     f"{f['rss_peak'] / 1e9:.2f} GB; cached load, arena on huge pages after "
+                                     f"{res['promote_s']:.2f} s more")
                         self.log(f"{eng.name} {q} {threads}t: load {res['load_s']:.2f} s, peak RSS "
                                  f"{res['rss_peak'] / 1e9:.2f} GB, after {res['rss_after'] / 1e9:.2f} GB; "
                                  + ", ".join(f"{t} {n_tokens(t) / s:.1f} tok/s" for t, s in res["secs"].items()))
             self.log(f"repetition {rep + 1}/{cfg.repeat} done in {time.time() - t_rep:.0f} s "
                      f"(load {harness.load1():.2f})")
-        steal1 = harness.cpu_ticks()
-        self.steal_pct = 100.0 * (steal1[0] - steal0[0]) / max(1, steal1[1] - steal0[1])
-        return self._write()
 
     # ------------------------------------------------------------ results
     def rows(self) -> list[dict]:
@@ -308,13 +345,23 @@ class RealRun:
                     peak = roof["fma_fp32_gflops"] if q in roofline.FLOAT_QUANTS else roofline.int8_peak(roof)
                 row.update(achieved=round(ach, 2), unit=unit, roof=round(peak, 1), frac_roof=round(frac, 3))
             out.append(row)
-        for (engine, q, threads), res in self.loads.items():
+        def load_row(engine, q, threads, test, res, note):
             load = sorted(r["load_s"] for r in res)
-            out.append(dict(base(engine, q, threads, "load"), repeats=len(res),
-                            load_s_median=round(statistics.median(load), 3), load_s_min=round(load[0], 3),
-                            load_s_max=round(load[-1], 3), rss_peak_load_bytes=max(r["rss_peak"] for r in res),
-                            rss_after_load_bytes=int(statistics.median(r["rss_after"] for r in res)),
-                            kv_bytes=res[0]["kv_bytes"], note=_split(res)))
+            return dict(base(engine, q, threads, test), repeats=len(res),
+                        load_s_median=round(statistics.median(load), 3), load_s_min=round(load[0], 3),
+                        load_s_max=round(load[-1], 3), rss_peak_load_bytes=max(r["rss_peak"] for r in res),
+                        rss_after_load_bytes=int(statistics.median(r["rss_after"] for r in res)),
+                        kv_bytes=res[0]["kv_bytes"], note=note)
+
+        for (engine, q, threads), res in self.loads.items():
+            note = _split(res)
+            if "first" in res[0]:  # zen5: the cached load, and the first one (packs, writes the cache)
+                note += (f"; from the weight cache, on huge pages after "
+                         f"{statistics.median(r['promote_s'] for r in res):.2f} s more")
+                first = [r["first"] for r in res]
+                out.append(load_row(engine, q, threads, "load_first", first,
+                                    _split(first) + "; no weight cache: packs the weights, writes the cache"))
+            out.append(load_row(engine, q, threads, "load", res, note))
         for (engine, q, threads), why in self.failed.items():
             out.append(dict(base(engine, q, threads, "failed"), note=why))
         return out
@@ -323,7 +370,7 @@ class RealRun:
         by = {(r["engine"], r["quant"], int(r["threads"]), r["test"]): r for r in rows}
         results = {}
         for (engine, q, threads, test), r in sorted(by.items(), key=lambda kv: str(kv[0])):
-            if engine != "zen5" or test in ("failed",):
+            if engine != "zen5" or test in ("failed", "load_first"):
                 continue
             entry = {}
             for peer in self.peers:
@@ -334,9 +381,12 @@ class RealRun:
                 elif p:
                     entry[peer] = round(r["tps_median"] / p["tps_median"], 3)
             if test == "load":
+                first = by.get((engine, q, threads, "load_first"))
+                extra = {"first_load_s": first["load_s_median"], "first_rss_peak": first["rss_peak_load_bytes"]} \
+                    if first else {}
                 results[f"{q}/{threads}t/load"] = {"load_s": r["load_s_median"], "rss_peak": r["rss_peak_load_bytes"],
                                                    "rss_after": r["rss_after_load_bytes"], "kv_bytes": r["kv_bytes"],
-                                                   "vs": entry}
+                                                   **extra, "vs": entry}
             else:
                 results[f"{q}/{threads}t/{test}"] = {"zen5_tps": r["tps_median"], "frac_roof": r["frac_roof"],
                                                      "vs": entry}
@@ -377,7 +427,7 @@ def print_table(rows: list[dict], log) -> None:
     log("")
     log(f"{'type':5} {'thr':>3} {'test':6} {'zen5':>10} " + " ".join(f"{p:>26}" for p in peers) + "   zen5 roof")
     for (engine, q, threads, test), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3])):
-        if engine != "zen5" or test in ("load", "failed"):
+        if engine != "zen5" or test in ("load", "load_first", "failed"):
             continue
         cells = []
         for p in peers:
@@ -390,9 +440,11 @@ def print_table(rows: list[dict], log) -> None:
         "read roof, prefill GOP/s over the tier's int8 peak (BF16: fp32 FMA)")
     log(f"{'type':5} {'thr':>3} {'engine':17} {'load s':>8} {'peak RSS':>10} {'RSS after':>10} {'KV cache':>10} "
         f"{'file':>9}")
-    for (engine, q, threads, test), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
-        if test == "load":
-            log(f"{q:5} {threads:>3} {engine:17} {r['load_s_median']:>8.2f} {_gb(r['rss_peak_load_bytes']):>10} "
+    for (engine, q, threads, test), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0],
+                                                                             kv[0][3] == "load")):
+        if test.startswith("load"):
+            name = engine + (" first" if test == "load_first" else "")
+            log(f"{q:5} {threads:>3} {name:17} {r['load_s_median']:>8.2f} {_gb(r['rss_peak_load_bytes']):>10} "
                 f"{_gb(r['rss_after_load_bytes']):>10} {_gb(r['kv_bytes']):>10} {_gb(r['file_bytes']):>9}")
         elif test == "failed":
             log(f"{q:5} {threads:>3} {engine:17} failed: {r['note']}")

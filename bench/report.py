@@ -180,7 +180,7 @@ def render_real(path: Path, rows: list[dict]) -> str:
     cpu, tier = split_stem(Path(f"{stem}-bench.csv"))
     peers = _peers(rows)
     label = dict(peers, zen5="zen5")
-    speed = [r for r in rows if r["test"] not in ("load", "failed")]
+    speed = [r for r in rows if r["test"] not in ("load", "load_first", "failed")]
     by = {(r["engine"], r["model_size"], r["quant"], r["threads"], r["test"]): r for r in rows}
     runs = sorted({(r["run_id"], r["commit"], r["isa"], r["load1_start"]) for r in rows if r["engine"] == "zen5"})
     reps = sorted({r["repeats"] for r in speed})
@@ -212,16 +212,19 @@ def render_real(path: Path, rows: list[dict]) -> str:
                 "llama.cpp: starting `llama-bench -p 0 -n 1` to its first result) and resident memory "
                 "(/proc/<pid>/status: VmHWM, the peak during load and the first token; VmRSS after it), "
                 "medians (peak: the max) over the repetitions; zen5's KV cache (sized for the tests) apart. "
-                "*reads/token*: the matrix bytes one decoded token reads.", "",
+                "*reads/token*: the matrix bytes one decoded token reads. zen5 *first load*: no weight cache yet, "
+                "so it packs the weights and writes the cache (zen5/weight_cache.py); zen5: every later load, "
+                "which maps the cache.", "",
             "| model | weights | file | reads/token | engine | threads | load | peak RSS (load) | RSS after load "
             "| KV cache |", "|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     tg = {(r["model_size"], r["quant"]): r["bytes_per_token"] for r in speed if r["bytes_per_token"]}
     order = {"zen5": 0, **{k: i + 1 for i, (k, _) in enumerate(peers)}}
-    loads = sorted((r for r in rows if r["test"] == "load"),
-                   key=lambda r: _real_key(r) + (order.get(r["engine"], 9),))
+    loads = sorted((r for r in rows if r["test"] in ("load", "load_first")),
+                   key=lambda r: _real_key(r) + (order.get(r["engine"], 9), r["test"] == "load"))
     for r in loads:
+        engine = label.get(r["engine"], r["engine"]) + (" first load" if r["test"] == "load_first" else "")
         out.append(f"| {r['model_size'].upper()} | {r['quant']} | {_gb(r['file_bytes'])} | "
-                   f"{_gb(tg.get((r['model_size'], r['quant']), ''))} | {label.get(r['engine'], r['engine'])} | "
+                   f"{_gb(tg.get((r['model_size'], r['quant']), ''))} | {engine} | "
                    f"{r['threads']} | {float(r['load_s_median']):.2f} s | {_gb(r['rss_peak_load_bytes'])} | "
                    f"{_gb(r['rss_after_load_bytes'])} | {_gb(r['kv_bytes'])} |")
     failed = [r for r in rows if r["test"] == "failed"]

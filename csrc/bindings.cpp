@@ -18,6 +18,14 @@ using namespace zen5;
 
 namespace {
 
+// The arena cache's outcome (arena_cache.h) for zen5.weight_cache: status, why a file was not
+// used, whether the background promotion to huge pages is done.
+static py::dict cache_info(const ArenaCache& c) {
+    py::dict d;
+    d["status"] = c.status(), d["miss"] = c.miss(), d["promoted"] = c.promoted();
+    return d;
+}
+
 // Holds the Model plus the Python objects that own the memory its weights point into.
 struct PyModel {
     std::shared_ptr<Model> model;
@@ -171,7 +179,8 @@ PYBIND11_MODULE(_native, m) {
     m.def("hardware_threads", [] { return int(std::thread::hardware_concurrency()); });
 
     py::class_<PyModel>(m, "Model")
-        .def(py::init([](const py::dict& cfg, const py::list& tensors, F32Array inv_freq, int threads) {
+        .def(py::init([](const py::dict& cfg, const py::list& tensors, F32Array inv_freq, int threads,
+                         const std::string& cache_path, uint64_t cache_key, bool cache_write) {
                  auto pm = std::make_unique<PyModel>();
                  std::vector<TensorIn> ins;
                  for (const auto& item : tensors) {
@@ -187,11 +196,14 @@ PYBIND11_MODULE(_native, m) {
                  Config c = config_from_dict(cfg);
                  {
                      py::gil_scoped_release nogil;  // fingerprinting reads every weight byte
-                     pm->model = std::make_shared<Model>(std::move(c), ins, std::move(freq), threads);
+                     pm->model = std::make_shared<Model>(std::move(c), ins, std::move(freq), threads,
+                                                         CacheSpec{cache_path, cache_key, cache_write});
                  }
                  return pm;
              }),
-             py::arg("config"), py::arg("tensors"), py::arg("rope_inv_freq"), py::arg("threads"))
+             py::arg("config"), py::arg("tensors"), py::arg("rope_inv_freq"), py::arg("threads"),
+             py::arg("cache_path") = "", py::arg("cache_key") = 0, py::arg("cache_write") = true)
+        .def_property_readonly("weight_cache", [](const PyModel& p) { return cache_info(p.model->weight_cache()); })
         .def_property_readonly("fingerprint", [](const PyModel& p) { return p.model->fingerprint; })
         .def_property_readonly("n_params", [](const PyModel& p) { return p.model->n_params; })
         .def_property_readonly("threads", [](const PyModel& p) { return p.model->pool.size(); })
@@ -227,7 +239,7 @@ PYBIND11_MODULE(_native, m) {
     // DeepSeek V4 (deepseek_v4.h): tensors under the official names, [(name, dtype, shape, uint8 array)]
     py::class_<PyV4Model>(m, "DeepSeekV4Model")
         .def(py::init([](const py::dict& cfg, const py::list& tensors, F32Array freq_main, F32Array freq_compress,
-                         int threads) {
+                         int threads, const std::string& cache_path, uint64_t cache_key, bool cache_write) {
                  auto pm = std::make_unique<PyV4Model>();
                  std::vector<TensorIn> ins;
                  for (const auto& item : tensors) {
@@ -244,11 +256,14 @@ PYBIND11_MODULE(_native, m) {
                  V4Config c = v4_config_from_dict(cfg);
                  {
                      py::gil_scoped_release nogil;
-                     pm->model = std::make_shared<V4Model>(std::move(c), ins, std::move(fm), std::move(fc), threads);
+                     pm->model = std::make_shared<V4Model>(std::move(c), ins, std::move(fm), std::move(fc), threads,
+                                                           CacheSpec{cache_path, cache_key, cache_write});
                  }
                  return pm;
              }),
-             py::arg("config"), py::arg("tensors"), py::arg("freq_main"), py::arg("freq_compress"), py::arg("threads"))
+             py::arg("config"), py::arg("tensors"), py::arg("freq_main"), py::arg("freq_compress"), py::arg("threads"),
+             py::arg("cache_path") = "", py::arg("cache_key") = 0, py::arg("cache_write") = true)
+        .def_property_readonly("weight_cache", [](const PyV4Model& p) { return cache_info(p.model->weight_cache()); })
         .def_property_readonly("fingerprint", [](const PyV4Model& p) { return p.model->fingerprint; })
         .def_property_readonly("n_params", [](const PyV4Model& p) { return p.model->n_params; })
         .def_property_readonly("threads", [](const PyV4Model& p) { return p.model->pool.size(); })

@@ -74,7 +74,7 @@ class V4Model {
     // Tensors under the official names (embed.weight, layers.0.attn.wq_a.weight, ...); matrices
     // F32/F16/BF16, used in place; vectors any float type (copied to F32); tid2eid I32.
     V4Model(V4Config cfg, const std::vector<TensorIn>& tensors, std::vector<float> freq_main,
-            std::vector<float> freq_compress, int threads);
+            std::vector<float> freq_compress, int threads, const CacheSpec& cache = {});
 
     const V4Config cfg;
     WeightView embed, head;
@@ -86,6 +86,7 @@ class V4Model {
     int64_t n_params = 0;
     mutable ThreadPool pool;
     size_t weight_bytes() const { return arena_bytes_; }  // the panels' arena: what the matmuls read
+    const ArenaCache& weight_cache() const { return cache_; }
 
   private:
     size_t arena_bytes_ = 0;
@@ -93,6 +94,7 @@ class V4Model {
     std::vector<std::unique_ptr<std::vector<int32_t>>> ints_;
     AlignedBytes arena_;
     std::vector<std::unique_ptr<FloatPanels>> panels_;
+    ArenaCache cache_;  // after arena_: destroyed first (model.h)
 };
 
 // The QAT simulations (exposed for the tests' bit-exact checks against numpy + ml_dtypes).

@@ -97,8 +97,9 @@ void check_config(const V4Config& c) {
 }  // namespace
 
 V4Model::V4Model(V4Config c, const std::vector<TensorIn>& tensors, std::vector<float> fm, std::vector<float> fc,
-                 int threads)
-    : cfg(std::move(c)), freq_main(std::move(fm)), freq_compress(std::move(fc)), pool(threads) {
+                 int threads, const CacheSpec& cache)
+    : cfg(std::move(c)), freq_main(std::move(fm)), freq_compress(std::move(fc)), pool(threads),
+      cache_(cache.path, cache.key, cache.write) {
     check_config(cfg);
     if (int(freq_main.size()) != cfg.rope_dim / 2 || int(freq_compress.size()) != cfg.rope_dim / 2)
         throw BadModel("rope tables must have rope_dim / 2 entries");
@@ -184,7 +185,7 @@ V4Model::V4Model(V4Config c, const std::vector<TensorIn>& tensors, std::vector<f
     h = hash_bytes(freq_compress.data(), freq_compress.size() * 4, h);
     for (const WeightView* w : mats) arena_bytes_ += owned_bytes(*w);
     std::vector<std::unique_ptr<PackedWeights>> none;  // V4's matrices are all float
-    h = pack_and_hash(b.by, mats, h, arena_, none, panels_, pool);
+    h = pack_and_hash(b.by, mats, h, arena_, none, panels_, pool, cache_);
     for (const auto& [name, t] : b.by) n_params += t->elements();
     fingerprint = h;
 }

@@ -78,10 +78,10 @@ void AlignedFree::operator()(uint8_t* p) const {
     std::free(p);
 }
 
-AlignedBytes alloc_zeroed(size_t bytes, bool huge) {
+AlignedBytes alloc_zeroed(size_t bytes, bool huge, bool map) {
     constexpr size_t kHuge = size_t(2) << 20, kLazy = size_t(256) << 10;
 #ifdef __linux__
-    if (bytes >= kLazy) {
+    if (bytes >= kLazy || map) {
         // An anonymous mapping is zero-filled page by page on first touch: no memset, and no
         // resident memory for what is never written (aligned_alloc + memset touched it all; a
         // decode step writes one row of the Context's (chunk, width) scratch). Blocks of 2 MiB
@@ -103,7 +103,7 @@ AlignedBytes alloc_zeroed(size_t bytes, bool huge) {
         return out;
     }
 #endif
-    (void)huge;
+    (void)huge, (void)map;
     const size_t total = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
     uint8_t* p = static_cast<uint8_t*>(std::aligned_alloc(64, total));
     if (!p) throw BadModel("out of memory allocating " + std::to_string(bytes) + " bytes");
@@ -210,7 +210,7 @@ size_t owned_bytes(const WeightView& w) {
 
 uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name, const std::vector<WeightView*>& mats,
                        uint64_t h, AlignedBytes& arena, std::vector<std::unique_ptr<PackedWeights>>& packed,
-                       std::vector<std::unique_ptr<FloatPanels>>& panels, ThreadPool& pool) {
+                       std::vector<std::unique_ptr<FloatPanels>>& panels, ThreadPool& pool, ArenaCache& cache) {
     // Every matrix the matmuls read lives in one arena: quantized ones repacked (PackedWeights),
     // F32/F16/BF16 in panels (FloatPanels). One allocation because only a 2 MiB-aligned block
     // gets huge pages, and most matrices here are smaller than 2 MiB (allocated one by one, only
@@ -229,7 +229,7 @@ uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name, co
     size_t total = 0;
     std::map<const uint8_t*, std::vector<std::pair<WeightView*, uint8_t*>>> at_of;  // file bytes -> views
     for (const WeightView* w : mats) total += owned_bytes(*w);
-    arena = alloc_zeroed(total);  // zero: padding rows of a last group get scale 0
+    arena = alloc_zeroed(total, true, true);  // zero: padding rows of a last group get scale 0
     uint8_t* at = arena.get();
     std::vector<std::pair<WeightView*, uint8_t*>> others;  // views of memory that is not a tensor's
     std::map<const uint8_t*, bool> tensor_data;
@@ -250,6 +250,15 @@ uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name, co
         if (w->packed) pack_into(*w, *const_cast<PackedWeights*>(w->packed), dst, r0, r1);
         else pack_float_panels(*w, *const_cast<FloatPanels*>(w->panels), dst, r0, r1);
     };
+    // A load after the first maps the arena from the cache file (arena_cache.h) instead: the views
+    // get their layout's fields (no rows: r0 = r1 = 0) and the fingerprint is the one stored.
+    const uint64_t seed = h;
+    if (cache.map(arena.get(), arena.get_deleter().mapped, total, seed, h)) {
+        for (auto& [data, views] : at_of)
+            for (auto& [w, dst] : views) pack_rows(w, dst, 0, 0);
+        for (auto& [w, dst] : others) pack_rows(w, dst, 0, 0);
+        return h;
+    }
     for (auto& [w, dst] : others) pack_rows(w, dst, 0, w->rows);  // owned copies (converted vectors)
 
     const FileMaps maps;
@@ -291,6 +300,7 @@ uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name, co
     // around it that are in the page cache too (fault-around, 64 KiB), so starting on a stripe
     // re-mapped the tail of the one released before it (13 of SmolLM2's 94 MB stayed resident).
     for (const auto& [name, t] : by_name) maps.release(t->data, t->nbytes);
+    cache.write(arena.get(), total, seed, h);
     return h;
 }
 
@@ -302,8 +312,9 @@ static void check_config(const Config& c) {
         throw BadModel("inconsistent model dimensions");
 }
 
-Model::Model(Config c, const std::vector<TensorIn>& tensors, std::vector<float> rope_inv_freq, int threads)
-    : cfg(std::move(c)), inv_freq(std::move(rope_inv_freq)), pool(threads) {
+Model::Model(Config c, const std::vector<TensorIn>& tensors, std::vector<float> rope_inv_freq, int threads,
+             const CacheSpec& cache)
+    : cfg(std::move(c)), inv_freq(std::move(rope_inv_freq)), pool(threads), cache_(cache.path, cache.key, cache.write) {
     check_config(cfg);
     if (int(inv_freq.size()) != cfg.head_dim / 2) throw BadModel("rope_inv_freq must have head_dim/2 entries");
     std::map<std::string, const TensorIn*> by_name;
@@ -351,7 +362,7 @@ Model::Model(Config c, const std::vector<TensorIn>& tensors, std::vector<float> 
     h = hash_bytes(dims, sizeof dims, h);
     h = hash_bytes(&cfg.rms_eps, sizeof cfg.rms_eps, h);
     h = hash_bytes(inv_freq.data(), inv_freq.size() * 4, h);
-    h = pack_and_hash(by_name, mats, h, arena_, packed_, panels_, pool);
+    h = pack_and_hash(by_name, mats, h, arena_, packed_, panels_, pool, cache_);
     for (const auto& [name, t] : by_name)
         if (name != "output.weight" || !cfg.tied_output) n_params += t->elements();
     fingerprint = h;

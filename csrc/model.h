@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "arena_cache.h"
 #include "kernels/kernels.h"
 #include "threadpool.h"
 
@@ -47,8 +48,8 @@ size_t owned_bytes(const WeightView& w);
 // never written costs no resident memory (a KV cache for a long n_ctx holds only the positions
 // used). With `huge` blocks of 2 MiB and more are asked to be backed by huge pages (Linux THP, madvise mode): the
 // weights are streamed every token, and with 4 KiB pages each page costs a TLB walk. Throws
-// BadModel when out of memory.
-AlignedBytes alloc_zeroed(size_t bytes, bool huge = true);
+// BadModel when out of memory. `map`: a mapping whatever the size (a cached arena is mapped over it).
+AlignedBytes alloc_zeroed(size_t bytes, bool huge = true, bool map = false);
 // A zeroed array for scratch whose size follows n_ctx or the chunk: a block of 256 KiB or more
 // costs resident memory only where it is written (alloc_zeroed), std::vector's resize would
 // write all of it.
@@ -86,11 +87,19 @@ class FileMaps {
 // tensor of `by_name` into `h` in name order, in one pass over the file: each tensor in stripes of
 // a few MiB that are hashed, packed where a matrix reads them and released (FileMaps), so the
 // resident file pages at any moment are one stripe, not the file; the pool's threads pack each
-// stripe. Returns the hash.
+// stripe. Returns the hash. With a matching cache file the arena is mapped from it instead, and
+// after packing the arena is written to it (arena_cache.h).
 uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name,
                        const std::vector<WeightView*>& mats, uint64_t h, AlignedBytes& arena,
                        std::vector<std::unique_ptr<PackedWeights>>& packed,
-                       std::vector<std::unique_ptr<FloatPanels>>& panels, ThreadPool& pool);
+                       std::vector<std::unique_ptr<FloatPanels>>& panels, ThreadPool& pool, ArenaCache& cache);
+
+// Where a model's arena is cached on disk (arena_cache.h): path "" = nowhere.
+struct CacheSpec {
+    std::string path;
+    uint64_t key = 0;
+    bool write = true;
+};
 
 struct Config {
     std::string arch;  // llama | qwen2 | qwen3
@@ -126,7 +135,8 @@ struct Layer {
 
 class Model {
   public:
-    Model(Config cfg, const std::vector<TensorIn>& tensors, std::vector<float> rope_inv_freq, int threads);
+    Model(Config cfg, const std::vector<TensorIn>& tensors, std::vector<float> rope_inv_freq, int threads,
+          const CacheSpec& cache = {});
 
     const Config cfg;
     WeightView tok_embd;   // (vocab, n_embd)
@@ -139,6 +149,7 @@ class Model {
     mutable ThreadPool pool;
 
     size_t weight_bytes() const { return arena_bytes_; }  // the arena: what the matmuls read
+    const ArenaCache& weight_cache() const { return cache_; }
 
   private:
     // the matrices' own copies (quantized ones repacked, see PackedWeights; float ones in
@@ -149,6 +160,7 @@ class Model {
     size_t arena_bytes_ = 0;
     std::vector<std::unique_ptr<PackedWeights>> packed_;
     std::vector<std::unique_ptr<FloatPanels>> panels_;
+    ArenaCache cache_;  // after arena_: destroyed first, stopping the promotion that moves its pages
 
     WeightView matrix(const std::map<std::string, const TensorIn*>& by_name, const std::string& name,
                       int64_t rows, int64_t cols) const;

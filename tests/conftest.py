@@ -3,8 +3,11 @@ with a reason when their weights are absent; tests that use them carry the `mode
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,18 @@ sys.path.insert(0, str(ROOT / "tests" / "reference"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from tiers import FAST_TIERS, TIERS, UNTESTED  # noqa: E402
+
+
+def pytest_configure(config):
+    """The packed-weight cache (zen5/weight_cache.py) of this run lives in a directory of its own,
+    removed at the end (servers started as child processes inherit it): tests never write into
+    ~/.cache, and a model loaded twice in the run maps its arena the second time."""
+    config._zen5_weight_cache = tempfile.mkdtemp(prefix="zen5-test-arena-")
+    os.environ["ZEN5_WEIGHT_CACHE"] = config._zen5_weight_cache
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(getattr(config, "_zen5_weight_cache", ""), ignore_errors=True)
 
 
 @pytest.fixture(params=FAST_TIERS or [pytest.param(None, marks=pytest.mark.skip(reason="no SIMD tier runs here"))])

@@ -34,7 +34,7 @@ ALLOWANCE = 24 * MIB
 DIMS = dict(n_layer=12, n_embd=1024, n_ff=2816, n_head=8, n_head_kv=4, head_dim=128)
 
 CHILD = r"""
-import json, sys
+import json, sys, time
 import gguf, numpy, tokenizers  # the baseline holds the loader's imports
 from zen5.engine import Engine
 from zen5.loader import load_weights
@@ -47,14 +47,18 @@ def status():
             out[k] = int(v.split()[0]) * 1024
     return out
 
-path, n_ctx, n_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+path, n_ctx, n_tokens, cache = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 base = status()["VmRSS"]
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # VmHWM := VmRSS
-e = Engine(load_weights(path), n_ctx=n_ctx, threads=1)
+e = Engine(load_weights(path), n_ctx=n_ctx, threads=1, weight_cache=cache)
 s = status()
 info = e.info()
+while not e.weight_cache["promoted"]:  # a cached arena moving onto huge pages
+    time.sleep(0.01)
+p = status()
 out = dict(peak=s["VmHWM"] - base, after=s["VmRSS"] - base, weight_bytes=info["weight_bytes"],
+           cache=info["weight_cache"], peak_promoted=p["VmHWM"] - base, after_promoted=p["VmRSS"] - base,
            kv_reserved=info["kv_bytes_reserved"], kv_resident=info["kv_bytes_resident"],
            kv_per_token=info["kv_bytes_per_token"])
 if n_tokens:
@@ -64,9 +68,9 @@ print(json.dumps(out))
 """
 
 
-def _measure(path, n_ctx=512, n_tokens=0) -> dict:
+def _measure(path, n_ctx=512, n_tokens=0, cache="off") -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    r = subprocess.run([sys.executable, "-c", CHILD, str(path), str(n_ctx), str(n_tokens)], env=env,
+    r = subprocess.run([sys.executable, "-c", CHILD, str(path), str(n_ctx), str(n_tokens), str(cache)], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -79,10 +83,15 @@ def big_models(tmp_path_factory):
             for t in (Q.Q8_0, Q.Q4_1, Q.BF16)}
 
 
+@pytest.mark.parametrize("cached", [False, True], ids=["packed", "from-cache"])
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.BF16], ids=lambda t: t.name)
-def test_peak_rss_during_and_after_load(big_models, qtype):
+def test_peak_rss_during_and_after_load(big_models, qtype, cached, tmp_path):
+    """Packing (no weight cache) and mapping the weight cache, then moving it onto huge pages."""
     path = big_models[qtype]
-    m = _measure(path)
+    if cached:
+        assert _measure(path, cache=tmp_path)["cache"] == "written"
+    m = _measure(path, cache=tmp_path if cached else "off")
+    assert m["cache"] == ("hit" if cached else "off")
     w = m["weight_bytes"]
     assert w > 0.8 * os.path.getsize(path)  # the arena is about the file (the embedding is tiny here)
     # the KV cache is not counted (and none of it is resident before the first token)
@@ -91,6 +100,7 @@ def test_peak_rss_during_and_after_load(big_models, qtype):
     assert m["peak"] <= bound, (f"peak RSS during load {m['peak'] / MIB:.1f} MiB > "
                                 f"1.15 x {w / MIB:.1f} MiB + {ALLOWANCE / MIB:.0f} MiB")
     assert m["after"] <= bound, f"RSS after load {m['after'] / MIB:.1f} MiB, weights {w / MIB:.1f} MiB"
+    assert m["peak_promoted"] <= bound and m["after_promoted"] <= bound, m
 
 
 def test_kv_cache_resident_follows_use(big_models):
@@ -115,7 +125,7 @@ def tiny(tmp_path_factory):
 def test_refuses_a_model_that_does_not_fit(tiny, monkeypatch):
     built = []
     real = _native.Model
-    monkeypatch.setattr(_native, "Model", lambda *a: built.append(1) or real(*a))
+    monkeypatch.setattr(_native, "Model", lambda *a, **k: built.append(1) or real(*a, **k))
     kv_8k = _native.kv_cache_bytes(tiny.config.to_native(), 8192, "f16")
     weights = sum(_native.owned_matrix_bytes(t.ggml_type, *t.shape) for t in tiny.tensors.values()
                   if len(t.shape) == 2)

@@ -33,6 +33,9 @@ def _add_model_args(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--qat-sim", choices=("on", "off"), default=None,
                    help="DeepSeek V4: the official model's FP8/FP4/Hadamard QAT simulations (default on; "
                         "env ZEN5_QAT_SIM=0 turns them off)")
+    p.add_argument("--weight-cache", default=None, metavar="DIR|off",
+                   help="where the packed weights are cached so later loads map them instead of repacking "
+                        "(default ~/.cache/zen5/arena; off: no cache; env ZEN5_WEIGHT_CACHE)")
 
 
 def _qat(a: argparse.Namespace) -> bool | None:
@@ -43,7 +46,7 @@ def _cmd_generate(a: argparse.Namespace) -> int:
     from zen5.engine import Engine
 
     eng = Engine.load(a.model, threads=a.threads, n_ctx=a.n_ctx, matmul=a.matmul, kv_type=a.kv_type,
-                      lookup=a.lookup, qat=_qat(a))
+                      lookup=a.lookup, qat=_qat(a), weight_cache=a.weight_cache)
     prompt = a.prompt
     if not a.raw and eng.chat_template:
         prompt = eng.apply_chat_template([{"role": "user", "content": prompt}])
@@ -74,7 +77,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
            "threads": a.threads or default_threads()}
     if a.model:
         eng = Engine.load(a.model, threads=a.threads, n_ctx=a.n_ctx, matmul=a.matmul, kv_type=a.kv_type,
-                          lookup=a.lookup, qat=_qat(a))
+                          lookup=a.lookup, qat=_qat(a), weight_cache=a.weight_cache)
         out["model"] = eng.info()
     print(json.dumps(out, indent=2))
     return 0
@@ -144,8 +147,9 @@ def _cmd_serve(a: argparse.Namespace) -> int:
                               api_key=a.api_key, cors=a.cors, trace=a.trace, queue=a.queue,
                               state_dir=a.state_dir, max_output=a.max_output, keepalive=a.keepalive,
                               matmul=a.matmul, kv_type=a.kv_type, lookup=a.lookup, qat=_qat(a),
-                              shutdown_timeout=a.shutdown_timeout, allowed_hosts=a.allowed_hosts,
-                              max_connections=a.max_connections, read_timeout=a.read_timeout))
+                              weight_cache=a.weight_cache, shutdown_timeout=a.shutdown_timeout,
+                              allowed_hosts=a.allowed_hosts, max_connections=a.max_connections,
+                              read_timeout=a.read_timeout))
 
 
 def _add_serve(sub) -> None:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from zen5 import _native, cpu_topology, memory, overrides
+from zen5 import _native, cpu_topology, memory, overrides, weight_cache
 from zen5.config import SUPPORTED_TYPES, ModelConfig
 from zen5.deepseek_v4_config import DeepSeekV4Config
 from zen5.loader import LoadedWeights, load_weights
@@ -85,7 +85,7 @@ class Generation:
 class Engine:
     def __init__(self, weights: LoadedWeights, threads: int | None = None, n_ctx: int | None = None,
                  isa: str | None = None, matmul: str | None = None, kv_type: str | None = None,
-                 lookup: int | None = None, qat: bool | None = None):
+                 lookup: int | None = None, qat: bool | None = None, weight_cache: str | None = None):
         cfg = weights.config
         self.weights = weights
         self.config: ModelConfig | DeepSeekV4Config = cfg
@@ -99,6 +99,8 @@ class Engine:
         # isa: a tier name ("ref", "avx2", "avx2vnni", "avx512") forces a kernel table for this
         # context (tests run each); None uses the one chosen at import (CPUID, or ZEN5_FORCE_ISA).
         self.qat: bool | None = None
+        # weight_cache: the directory of packed-weight arenas ("off": none; weight_cache.py)
+        self._weight_cache = weight_cache
         if isinstance(cfg, DeepSeekV4Config):
             self._init_deepseek_v4(weights, isa, matmul, kv_type, qat)
         else:
@@ -131,7 +133,8 @@ class Engine:
                           _native.kv_cache_bytes(self.config.to_native(), self.n_ctx, kv), self.n_ctx, kv,
                           weights.metadata.get("path"))
         tensors = [(t.name, t.ggml_type, list(t.shape), t.data) for t in weights.tensors.values()]
-        self.native = _native.Model(self.config.to_native(), tensors, self.config.rope_inv_freq(), self.threads)
+        self.native = self._build(_native.Model, memory.llama_weight_bytes(weights), self.config.to_native(),
+                                  tensors, self.config.rope_inv_freq(), self.threads)
         self.native_ctx = _native.Context(self.native, self.n_ctx, isa or "", self.matmul, kv)
 
     def _init_deepseek_v4(self, weights, isa, matmul, kv_type, qat):
@@ -150,18 +153,35 @@ class Engine:
         main, compress = self.config.rope_tables()
         tensors = weights.native_tensors()
         types = {"F32": 0, "F16": 1, "BF16": 30}  # the panels of every float matrix but the embedding
-        memory.check_fits(sum(_native.owned_matrix_bytes(types[d], *shape) for name, d, shape, _ in tensors
-                              if len(shape) == 2 and d in types and name != "embed.weight"),
-                          0, self.n_ctx, "f32", weights.metadata.get("path"))
-        self.native = _native.DeepSeekV4Model(self.config.to_native(), tensors, main, compress, self.threads)
+        arena = sum(_native.owned_matrix_bytes(types[d], *shape) for name, d, shape, _ in tensors
+                    if len(shape) == 2 and d in types and name != "embed.weight")
+        memory.check_fits(arena, 0, self.n_ctx, "f32", weights.metadata.get("path"))
+        self.native = self._build(_native.DeepSeekV4Model, arena, self.config.to_native(), tensors, main, compress,
+                                  self.threads)
         self.native_ctx = _native.DeepSeekV4Context(self.native, self.n_ctx, isa or "", self.qat)
+
+    def _build(self, native_model, arena_bytes: int, *args):
+        """The native model, its arena mapped from the weight cache when one matches, else packed
+        and written there (weight_cache.py)."""
+        plan = weight_cache.plan(self.weights.metadata.get("path"), arena_bytes, self._weight_cache)
+        model = native_model(*args, cache_path=plan.path, cache_key=plan.key, cache_write=plan.write)
+        if model.weight_cache["status"] == "written":
+            weight_cache.prune(plan.path)
+        return model
+
+    @property
+    def weight_cache(self) -> dict:
+        """How the weights were loaded: status "off" | "hit" (mapped from the cache file) |
+        "written" (packed, then cached) | "not written: <why>"; miss: why an existing cache file
+        was not used; promoted: whether a mapped arena has moved onto huge pages yet."""
+        return dict(self.native.weight_cache)
 
     @classmethod
     def load(cls, name_or_path: str = "smollm2", threads: int | None = None, n_ctx: int | None = None,
              isa: str | None = None, matmul: str | None = None, kv_type: str | None = None,
-             lookup: int | None = None, qat: bool | None = None):
+             lookup: int | None = None, qat: bool | None = None, weight_cache: str | None = None):
         return cls(load_weights(resolve_model(name_or_path)), threads=threads, n_ctx=n_ctx, isa=isa,
-                   matmul=matmul, kv_type=kv_type, lookup=lookup, qat=qat)
+                   matmul=matmul, kv_type=kv_type, lookup=lookup, qat=qat, weight_cache=weight_cache)
 
     @property
     def cache_id(self) -> str:
@@ -399,6 +419,7 @@ class Engine:
             # the weight arena (what the matmuls read; the file's pages are released) and the
             # KV cache: reserved for the whole context, resident only for the positions used
             "weight_bytes": int(self.native.weight_bytes),
+            "weight_cache": self.weight_cache["status"],
             **({"kv_bytes_reserved": int(self.native_ctx.kv_bytes_reserved),
                 "kv_bytes_resident": int(self.native_ctx.kv_bytes_resident)}
                if hasattr(self.native_ctx, "kv_bytes_reserved") else {}),

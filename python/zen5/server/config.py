@@ -15,6 +15,7 @@ class ServerConfig:
     kv_type: str | None = None   # "f16" | "f32" | "q8_0" (Engine.load), None: the matmul's default
     lookup: int | None = None    # guesses per decode step (Engine.load), None: the engine's default
     qat: bool | None = None      # DeepSeek V4 QAT simulations (Engine.load), None: on (or ZEN5_QAT_SIM)
+    weight_cache: str | None = None  # packed-weight cache directory or "off" (Engine.load), None: the default
     api_key: str | None = None   # required on every path but /health (and HEAD probes)
     cors: bool = False           # allow browsers (any Origin); off: a request with a foreign Origin is a 403
     allowed_hosts: str | None = None  # extra names for the Host check, comma-separated; "*": any
