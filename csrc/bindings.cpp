@@ -73,6 +73,9 @@ int dtype_id(const std::string& dt) {
     if (dt == "F16") return GGML_F16;
     if (dt == "BF16") return GGML_BF16;
     if (dt == "I32") return 26;
+    if (dt == "F8_E4M3") return kTypeFP8;
+    if (dt == "MXFP4") return kTypeMXFP4;  // the checkpoint's I8 tensors of packed e2m1 pairs
+    if (dt == "F8_E8M0") return kTypeE8M0;
     throw BadModel("unsupported tensor dtype " + dt);
 }
 
@@ -210,6 +213,7 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("weight_bytes", [](const PyModel& p) { return p.model->weight_bytes(); });
     // Memory planning before anything is allocated (the engine's fit check): the arena bytes of one
     // matrix (0 for what is read from the file in place), and a KV cache's bytes for n_ctx.
+    m.def("dtype_id", &dtype_id, py::arg("dtype"));  // a native tensor list's dtype -> owned_matrix_bytes' type
     m.def("owned_matrix_bytes", [](int type, int64_t rows, int64_t cols) {
         return owned_bytes(WeightView{nullptr, type, rows, cols, row_bytes(type, cols)});
     }, py::arg("type"), py::arg("rows"), py::arg("cols"));

@@ -100,14 +100,21 @@ void register_testing(py::module_& parent) {
         k.matmul(wv, 0, rows, x.data(), n, cols, y.mutable_data(), rows);
         return y;
     }, py::arg("isa"), py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"));
-    m.def("kernel_matmul_int8", [](const std::string& isa, int type, U8Array w, int64_t rows, int64_t cols, F32Array x) {
+    // scales: the E8M0 tensor of kTypeFP8 / kTypeMXFP4 weights (kernels.h), empty otherwise
+    m.def("kernel_matmul_int8", [](const std::string& isa, int type, U8Array w, int64_t rows, int64_t cols, F32Array x,
+                                   U8Array scales) {
         const Kernels& k = kernels_for(isa);
         const size_t rb = row_bytes(type, cols);
         if (rb == 0 || size_t(w.size()) != rb * size_t(rows)) throw ZenError("weight bytes do not match type/shape");
         if (x.ndim() != 2 || x.shape(1) != cols) throw ZenError("x must be (n, cols)");
+        const size_t ns = type == kTypeMXFP4 ? size_t(rows * cols / QK)
+                          : type == kTypeFP8 ? size_t((rows + 127) / 128 * ((cols + 127) / 128)) : 0;
+        if (size_t(scales.size()) != ns) throw ZenError("scales do not match type/shape");
         PackedWeights pw;
         AlignedBytes storage;
-        if (!pack_weights(WeightView{w.data(), type, rows, cols, rb}, pw, storage)) throw ZenError("type is not packable");
+        WeightView wv{w.data(), type, rows, cols, rb};
+        wv.scales = ns ? scales.data() : nullptr;
+        if (!pack_weights(wv, pw, storage)) throw ZenError("type is not packable");
         const int n = int(x.shape(0));
         std::vector<int8_t> q(size_t(n) * cols);
         std::vector<float> d(size_t(n) * cols / QK);
@@ -117,7 +124,8 @@ void register_testing(py::module_& parent) {
         py::array_t<float> y({py::ssize_t(n), py::ssize_t(rows)});
         k.matmul_int8(pw, 0, rows, QuantAct{q.data(), d.data(), c.data(), ds.data(), cols, n}, n, y.mutable_data(), rows);
         return y;
-    }, py::arg("isa"), py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"));
+    }, py::arg("isa"), py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"),
+       py::arg("scales") = U8Array());
     m.def("kernel_dequant_row", [](const std::string& isa, int type, U8Array src, int64_t n) {
         const size_t rb = row_bytes(type, n);
         if (rb == 0 || size_t(src.size()) < rb) throw ZenError("source bytes do not match type/length");

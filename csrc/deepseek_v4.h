@@ -69,6 +69,10 @@ struct V4Layer {
     WeightView sw1, sw2, sw3;            // shared expert
 };
 
+// safetensors dtypes of the official checkpoint beyond kernels.h's: the E8M0 scale tensors.
+// (F8_E4M3 is kTypeFP8; the I8 tensors of packed e2m1 pairs arrive as kTypeMXFP4.)
+constexpr int kTypeE8M0 = 1002;
+
 class V4Model {
   public:
     // Tensors under the official names (embed.weight, layers.0.attn.wq_a.weight, ...); matrices
@@ -93,6 +97,7 @@ class V4Model {
     std::vector<std::unique_ptr<std::vector<float>>> floats_;  // vectors converted to F32
     std::vector<std::unique_ptr<std::vector<int32_t>>> ints_;
     AlignedBytes arena_;
+    std::vector<std::unique_ptr<PackedWeights>> packed_;  // FP8 (as Q8_0) and MXFP4 matrices
     std::vector<std::unique_ptr<FloatPanels>> panels_;
     ArenaCache cache_;  // after arena_: destroyed first (model.h)
 };
@@ -163,6 +168,8 @@ class V4Context {
     void moe(int l, int n, const int32_t* tokens, const float* x, float* out);
     void matmul(const WeightView& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy,
                 int64_t r0 = 0, int64_t r1 = -1);
+    void matmul_int8(const WeightView& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy,
+                     int64_t r0, int64_t r1);
     void rope(float* v, int dim, const float* freq, int pos, bool inverse) const;
     void reset_state();
     void truncate(int n);         // n >= trunc_floor_: forget positions >= n
@@ -186,6 +193,10 @@ class V4Context {
     // scratch, per chunk
     std::vector<float> X_, xn_, col_, out_, post_, comb_, qa_, q_, kv_, att_, oa_, iq_, iw_, tmp_, tmp2_;
     std::vector<float> ckv_, cg_, ffn_g_, ffn_u_, rlog_;
+    // the activations of an int8 matmul (FP8 / MXFP4 weights), QuantAct's arrays
+    std::vector<int8_t> act_q_;
+    std::vector<float> act_d_, act_ds_;
+    std::vector<int32_t> act_c_;
 };
 
 }  // namespace zen5

@@ -32,13 +32,30 @@ struct Binder {
                            shape_str(shape));
         return *it->second;
     }
+    // A float matrix used in place, or one of the official formats (kernels.h: FP8 with 128 x 128
+    // block scales, MXFP4 with a scale per 32) with its `.scale` tensor.
     WeightView matrix(const std::string& name, int64_t rows, int64_t cols) const {
-        const TensorIn& t = get(name, {rows, cols});
-        if (t.type != GGML_F32 && t.type != GGML_F16 && t.type != GGML_BF16)
-            throw BadModel("tensor " + name + " must be F32, F16 or BF16, got " + type_name(t.type));
+        auto it = by.find(name);
+        const int type = it == by.end() ? GGML_F32 : it->second->type;
+        const bool fp4 = type == kTypeMXFP4, quant = fp4 || type == kTypeFP8;
+        if (fp4 && cols % QK) throw BadModel("tensor " + name + ": MXFP4 needs a multiple of 32 columns");
+        const TensorIn& t = get(name, {rows, fp4 ? cols / 2 : cols});
+        if (t.type != GGML_F32 && t.type != GGML_F16 && t.type != GGML_BF16 && !quant)
+            throw BadModel("tensor " + name + " must be F32, F16, BF16, F8_E4M3 or packed e2m1, got " +
+                           type_name(t.type));
         const size_t rb = row_bytes(t.type, cols);
         if (t.nbytes != rb * size_t(rows)) throw BadModel("tensor " + name + " has the wrong byte size");
-        return WeightView{t.data, t.type, rows, cols, rb};
+        WeightView w{t.data, t.type, rows, cols, rb};
+        if (quant) {
+            const std::string sname = name.substr(0, name.size() - 7) + ".scale";  // "x.weight" -> "x.scale"
+            const std::vector<int64_t> sshape = fp4 ? std::vector<int64_t>{rows, cols / QK}
+                                                    : std::vector<int64_t>{(rows + 127) / 128, (cols + 127) / 128};
+            const TensorIn& s = get(sname, sshape);
+            if (s.type != kTypeE8M0 || s.nbytes != size_t(sshape[0] * sshape[1]))
+                throw BadModel("tensor " + sname + " must be F8_E8M0 (one byte per scale)");
+            w.scales = s.data;
+        }
+        return w;
     }
     // Any float tensor as an owned F32 copy (norm weights, biases, hyper-connection parameters).
     const float* vec(const std::string& name, const std::vector<int64_t>& shape) const {
@@ -95,6 +112,12 @@ void check_config(const V4Config& c) {
 }
 
 }  // namespace
+
+static bool L0_packed(const std::vector<V4Layer>& layers) {
+    for (const V4Layer& L : layers)
+        if (L.wo_a.type == kTypeFP8) return true;
+    return false;
+}
 
 V4Model::V4Model(V4Config c, const std::vector<TensorIn>& tensors, std::vector<float> fm, std::vector<float> fc,
                  int threads, const CacheSpec& cache)
@@ -184,8 +207,9 @@ V4Model::V4Model(V4Config c, const std::vector<TensorIn>& tensors, std::vector<f
     h = hash_bytes(freq_main.data(), freq_main.size() * 4, h);
     h = hash_bytes(freq_compress.data(), freq_compress.size() * 4, h);
     for (const WeightView* w : mats) arena_bytes_ += owned_bytes(*w);
-    std::vector<std::unique_ptr<PackedWeights>> none;  // V4's matrices are all float
-    h = pack_and_hash(b.by, mats, h, arena_, none, panels_, pool, cache_);
+    // an int8 matmul reads 16-row groups: the grouped output projection starts a group per o_rank
+    if (L0_packed(layers) && cfg.o_rank % 16) throw BadModel("FP8 wo_a needs o_lora_rank % 16 == 0");
+    h = pack_and_hash(b.by, mats, h, arena_, packed_, panels_, pool, cache_);
     for (const auto& [name, t] : b.by) n_params += t->elements();
     fingerprint = h;
 }

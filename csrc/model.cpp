@@ -1,6 +1,7 @@
 #include "model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #ifdef __linux__
@@ -161,7 +162,20 @@ void pack_float_panels(const WeightView& w, FloatPanels& p, uint8_t* dst, int64_
     }
 }
 
-static size_t packed_scale_bytes(int type) { return type == GGML_Q4_1 ? 64 : 32; }
+static size_t packed_scale_bytes(int type) { return type == GGML_Q4_1 ? 64 : type == kTypeMXFP4 ? 16 : 32; }
+
+// DeepSeek V4's FP8 block of 32 columns (one row) as Q8_0: the e4m3 values times their 128 x 128
+// block's scale, exactly, then d = max|w| / 127 (as fp16) and q = round(w / d), the same rule as
+// quantize_s8. The error against the exact values is what tests/test_dsv4_formats.py measures.
+static void fp8_block_to_q8(const WeightView& w, int64_t r, int64_t b, uint16_t* d16, int8_t* q) {
+    const float s = e8m0_to_f32(w.scales[(r / 128) * ((w.cols + 127) / 128) + b * QK / 128]);
+    float v[QK], amax = 0.0f;
+    for (int k = 0; k < QK; ++k) v[k] = e4m3_to_f32(w.row(r)[b * QK + k]) * s, amax = std::max(amax, std::fabs(v[k]));
+    *d16 = f32_to_f16(amax / 127.0f);
+    const float d = f16_to_f32(*d16);
+    for (int k = 0; k < QK; ++k)
+        q[k] = d > 0.0f ? int8_t(std::max(-127.0f, std::min(127.0f, std::nearbyint(v[k] / d)))) : 0;
+}
 
 size_t packed_bytes(const WeightView& w) {
     const size_t payload = packed_payload_bytes(w.type);
@@ -169,7 +183,7 @@ size_t packed_bytes(const WeightView& w) {
 }
 
 void pack_into(const WeightView& w, PackedWeights& p, uint8_t* dst, int64_t r0, int64_t r1) {
-    p.type = w.type, p.rows = w.rows, p.cols = w.cols;
+    p.type = w.type == kTypeFP8 ? GGML_Q8_0 : w.type, p.rows = w.rows, p.cols = w.cols;
     p.groups = (w.rows + 15) / 16, p.blocks = w.cols / QK;
     p.block_bytes = packed_payload_bytes(w.type), p.scale_bytes = packed_scale_bytes(w.type);
     uint8_t* scales = dst + size_t(p.groups) * p.blocks * p.block_bytes;  // payloads: a multiple of 64 bytes
@@ -179,9 +193,28 @@ void pack_into(const WeightView& w, PackedWeights& p, uint8_t* dst, int64_t r0, 
         for (int64_t b = 0; b < p.blocks; ++b) {
             const uint8_t* src = w.row(r) + b * bb;
             uint8_t* sc = scales + (size_t(g) * p.blocks + b) * p.scale_bytes;
+            uint8_t* pay = dst + (size_t(g) * p.blocks + b) * p.block_bytes + 4 * lane;
+            if (w.type == kTypeFP8) {
+                uint16_t d;
+                int8_t q[QK];
+                fp8_block_to_q8(w, r, b, &d, q);
+                std::memcpy(sc + 2 * lane, &d, 2);
+                for (int j = 0; j < 8; ++j)
+                    for (int k = 0; k < 4; ++k) pay[64 * j + k] = uint8_t(int(q[4 * j + k]) + 128);
+                continue;
+            }
+            if (w.type == kTypeMXFP4) {  // pairs (even low) -> Q4 order: byte k = element k | element 16+k
+                sc[lane] = w.scales[r * p.blocks + b];
+                for (int j = 0; j < 4; ++j)
+                    for (int k = 0; k < 4; ++k) {
+                        const int e = 4 * j + k, f = 16 + e;
+                        const int lo = (src[e / 2] >> (4 * (e % 2))) & 15, hi = (src[f / 2] >> (4 * (f % 2))) & 15;
+                        pay[64 * j + k] = uint8_t(lo | hi << 4);
+                    }
+                continue;
+            }
             std::memcpy(sc + 2 * lane, src, 2);                                   // d
             if (w.type == GGML_Q4_1) std::memcpy(sc + 32 + 2 * lane, src + 2, 2);  // m
-            uint8_t* pay = dst + (size_t(g) * p.blocks + b) * p.block_bytes + 4 * lane;
             if (w.type == GGML_Q8_0) {
                 for (int j = 0; j < 8; ++j)
                     for (int k = 0; k < 4; ++k) pay[64 * j + k] = uint8_t(int(int8_t(src[2 + 4 * j + k])) + 128);

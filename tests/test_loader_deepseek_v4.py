@@ -309,7 +309,7 @@ def _cfg(**changes):
     ({"hidden_size": 0}, "hidden_size must be positive"),
     ({"head_dim": None}, "head_dim missing"),
     ({"rope_scaling": {"type": "linear", "factor": 2}}, "RoPE scaling type 'linear'"),
-    ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config.*later issue"),
+    ({"quantization_config": {"quant_method": "awq"}}, "quantization_config .* is not the official one"),
     ({"eos_token_id": 512}, r"eos_token_id 512 is outside the vocabulary"),
     ({"rope_scaling": dict(TINY["rope_scaling"], attention_factor=1.3)}, "attention factor / mscale"),
 ])
@@ -429,6 +429,21 @@ def _fp8(t):
 
 def _packed_expert(t):
     t["layers.1.ffn.experts.0.w1.weight"] = ("I8", np.zeros((128, 128), np.int8))
+    t["layers.1.ffn.experts.0.w1.scale"] = ("F8_E8M0", np.full((128, 8), 127, np.uint8))
+
+
+def _without(name, edit):
+    def both(t):
+        edit(t)
+        del t[name]
+    return both
+
+
+def _with(name, dtype, arr, edit):
+    def both(t):
+        edit(t)
+        t[name] = (dtype, arr)
+    return both
 
 
 def _tid(value, dtype="I64"):
@@ -457,8 +472,20 @@ def _tid(value, dtype="I64"):
      r"tensor embed\.weight has dtype I32, expected one of BF16, F16, F32"),
     (_set("layers.0.ffn.gate.tid2eid", "F32", np.zeros((512, 2), np.float32)), UnsupportedModelError,
      r"tensor layers\.0\.ffn\.gate\.tid2eid has dtype F32, expected one of I32, I64"),
-    (_fp8, UnsupportedModelError, r"tensor layers\.1\.attn\.wq_a\.(weight is F8_E4M3|scale).*later issue"),
-    (_packed_expert, UnsupportedModelError, r"tensor layers\.1\.ffn\.experts\.0\.w1\.weight is I8.*later issue"),
+    # the official formats: each quantized matrix needs its E8M0 scale tensor, of the right shape
+    (_without("layers.1.attn.wq_a.scale", _fp8), BadModelFile, r"missing tensor layers\.1\.attn\.wq_a\.scale"),
+    (_without("layers.1.ffn.experts.0.w1.scale", _packed_expert), BadModelFile,
+     r"missing tensor layers\.1\.ffn\.experts\.0\.w1\.scale"),
+    (_with("layers.1.attn.wq_a.scale", "F8_E8M0", np.zeros((2, 2), np.uint8), _fp8), BadModelFile,
+     r"layers\.1\.attn\.wq_a\.scale has shape \[2, 2\], expected \[1, 2\]"),
+    (_with("layers.1.attn.wq_a.scale", "F32", np.zeros((1, 2), np.float32), _fp8), UnsupportedModelError,
+     r"layers\.1\.attn\.wq_a\.scale has dtype F32, expected one of F8_E8M0"),
+    (_with("layers.1.ffn.experts.0.w1.weight", "I8", np.zeros((128, 256), np.int8), _packed_expert), BadModelFile,
+     r"experts\.0\.w1\.weight has shape \[128, 256\], expected \[128, 128\]"),  # pairs: half the inputs
+    (_set("embed.weight", "F8_E4M3", np.zeros((512, 256), np.uint8)), UnsupportedModelError,
+     r"tensor embed\.weight has dtype F8_E4M3, expected one of BF16, F16, F32"),
+    (_with("layers.1.attn.wq_b.scale", "F8_E8M0", np.zeros((4, 1), np.uint8), _fp8), BadModelFile,
+     r"unexpected tensor layers\.1\.attn\.wq_b\.scale"),  # a scale for a BF16 matrix
     (_tid(8), BadModelFile, r"tensor layers\.0\.ffn\.gate\.tid2eid holds expert id 8, expected ids in \[0, 8\)"),
     (_tid(-1, "I32"), BadModelFile, r"tensor layers\.0\.ffn\.gate\.tid2eid holds expert id -1"),
 ])
@@ -469,7 +496,7 @@ def test_tensor_refusals(tmp_path, edit, exc, match):
 
 
 @pytest.mark.parametrize("changes,match", [
-    ({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}}, "quantization_config"),
+    ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [64, 64]}}, "quantization_config"),
     ({"compress_ratios": [0, 4, 16, 4, 0]}, r"compress_ratios\[2\] is 16"),
     ({"num_key_value_heads": 4}, "num_key_value_heads must be 1"),
 ])
@@ -480,3 +507,17 @@ def test_config_refusals_from_a_directory(tmp_path, changes, match):
     with pytest.raises(UnsupportedModelError, match=match) as e:
         load_weights(folder)
     assert str(folder) in str(e.value)
+
+
+def test_the_official_formats_load_memory_mapped(tmp_path):
+    """An F8_E4M3 projection and a packed-e2m1 expert with their scales: handed on in place as
+    "F8_E4M3" / "MXFP4" / "F8_E8M0" (the native engine repacks them, tests/test_dsv4_formats.py)."""
+    make_checkpoint(tmp_path / "m", edit=lambda t: (_fp8(t), _packed_expert(t)), mtp=False)
+    w = load_weights(tmp_path / "m")
+    native = {name: (dt, shape) for name, dt, shape, _ in w.native_tensors()}
+    assert native["layers.1.attn.wq_a.weight"] == ("F8_E4M3", [128, 256])
+    assert native["layers.1.attn.wq_a.scale"] == ("F8_E8M0", [1, 2])
+    assert native["layers.1.ffn.experts.0.w1.weight"] == ("MXFP4", [128, 128])
+    assert native["layers.1.ffn.experts.0.w1.scale"] == ("F8_E8M0", [128, 8])
+    for name in ("layers.1.attn.wq_a.weight", "layers.1.ffn.experts.0.w1.weight", "layers.1.attn.wq_a.scale"):
+        assert not w.tensors[name].data.flags.owndata, name  # a view of the mapped file, not a copy

@@ -12,8 +12,40 @@
 
 namespace zen5 {
 
-// GGML type ids, as stored in GGUF files.
-enum GgmlType : int { GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q8_0 = 8, GGML_BF16 = 30 };
+// GGML type ids, as stored in GGUF files, then the official DeepSeek V4 checkpoint's formats
+// (zen5's own ids, never in a GGUF; spec deepseek-v4-architecture.md 4.3), whose E8M0 scales
+// (one byte, value 2^(s - 127)) come in a tensor of their own, WeightView::scales:
+//   kTypeFP8    e4m3 bytes, (rows, cols), one scale per 128 x 128 block: (ceil(rows/128), ceil(cols/128))
+//   kTypeMXFP4  e2m1 codes two per byte, the even element in the low nibble, bit 3 the sign,
+//               (rows, cols / 2) bytes, one scale per 32 of a row: (rows, cols / 32)
+enum GgmlType : int {
+    GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q8_0 = 8, GGML_BF16 = 30,
+    kTypeFP8 = 1000, kTypeMXFP4 = 1001,
+};
+
+// e4m3 (no infinities; 0x7F / 0xFF are NaN, read as 0 here: never in a weight) and e2m1 values.
+inline float e4m3_to_f32(uint8_t b) {
+    const int e = (b >> 3) & 15, m = b & 7;
+    const float mag = e ? float(8 + m) * float(1 << e) / 1024.0f  // (1 + m/8) 2^(e-7)
+                        : float(m) / 512.0f;                      // m/8 2^-6
+    return (b & 0x7F) == 0x7F ? 0.0f : (b & 0x80 ? -mag : mag);
+}
+// Half an E8M0 scale, 2^(s - 128), as the MXFP4 int8 kernels apply it to twice the e2m1 value;
+// s <= 1 reads as 0 (what a vector (s - 1) << 23 with saturation gives; 2^-127 never matters).
+inline float e8m0_half(uint8_t s) {
+    uint32_t bits = s > 1 ? uint32_t(s - 1) << 23 : 0;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+// Twice the e2m1 value of a code: integers, so the MXFP4 int8 kernels multiply them exactly.
+constexpr int8_t kE2M1x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+inline float e8m0_to_f32(uint8_t s) {  // 2^(s - 127); s = 0 (2^-127) reads as 0, 255 (NaN) never occurs
+    uint32_t bits = s ? uint32_t(s) << 23 : 0;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
 
 constexpr int QK = 32;  // elements per quantized block (Q4_0, Q4_1, Q8_0)
 
@@ -34,6 +66,7 @@ struct WeightView {
     size_t row_bytes = 0;
     const PackedWeights* packed = nullptr;
     const FloatPanels* panels = nullptr;
+    const uint8_t* scales = nullptr;  // kTypeFP8 / kTypeMXFP4: the E8M0 scale tensor (see GgmlType)
     const uint8_t* row(int64_t r) const { return data + r * row_bytes; }
 };
 
@@ -70,6 +103,11 @@ size_t float_panel_bytes(int type, int64_t rows, int64_t cols);  // 0 for types 
 //   fp16 d[16]   the rows' block scales                                  32 bytes
 //   fp16 m[16]   the rows' block minimums (Q4_1 only)                    32 bytes
 // The weight of an element is (u - 8) d for Q4_0, u d + m for Q4_1, (u - 128) d for Q8_0.
+// DeepSeek V4's formats: kTypeFP8 is re-quantized at load to Q8_0 (per row and 32 columns, d =
+// max|w| / 127 of the exactly decoded e4m3 values; PackedWeights::type is then GGML_Q8_0), and
+// kTypeMXFP4 keeps its codes in the Q4 payload layout (u = the e2m1 code) with its E8M0 bytes as
+// the scales, 16 bytes per (group, block): the weight is kE2M1x2[u] / 2 2^(s - 127). The stream
+// is then the file's bytes exactly (16 payload + 1 scale byte per row and 32 columns).
 // Payloads and scales are apart so that every payload stays 64-byte aligned while a block
 // carries only the scales its type has: the decode stream is the file's bytes (Q8_0 inline
 // with an unused m field streamed 6% more, Q4_0 11% more).
@@ -77,13 +115,13 @@ struct PackedWeights {
     int type = GGML_Q8_0;
     int64_t rows = 0, cols = 0, groups = 0, blocks = 0;
     size_t block_bytes = 0;             // payload bytes per (group, block): 256 or 512
-    size_t scale_bytes = 0;             // 32 (d) or 64 (Q4_1: d, m)
+    size_t scale_bytes = 0;             // 32 (d), 64 (Q4_1: d, m) or 16 (MXFP4: E8M0 bytes)
     const uint8_t* data = nullptr;      // (groups, blocks, block_bytes), 64-byte aligned
     const uint8_t* scales = nullptr;    // (groups, blocks, scale_bytes), 32-byte aligned
     const uint8_t* at(int64_t g, int64_t b) const { return data + (size_t(g) * blocks + b) * block_bytes; }
     const uint8_t* scale_at(int64_t g, int64_t b) const { return scales + (size_t(g) * blocks + b) * scale_bytes; }
 };
-size_t packed_payload_bytes(int type);  // 256 for Q4_*, 512 for Q8_0, 0 if not packable
+size_t packed_payload_bytes(int type);  // 256 for Q4_* and MXFP4, 512 for Q8_0 and FP8, 0 if not packable
 
 // Activations quantized to int8 per 32-value block, stored block-major so a GEMM tile finds
 // its tokens' data for one block side by side (one pointer per block, constant offsets per

@@ -43,13 +43,20 @@ static inline __m256i bcast4(const int8_t* p) { return _mm256_set1_epi32(*reinte
 //             activation takes w's sign (vpsignb), so a pair is at most 2 x 128 x 127
 // With VNNI: vpdpbusd on the stored bytes, as the AVX-512 tier (Q8_0's -128 sum q correction
 // starts the accumulator).
+//  MXFP4      (DeepSeek V4's experts) the code becomes twice its e2m1 value, signed, through a
+//             vpshufb table; |v| (0..12) is the unsigned operand and the activation takes v's
+//             sign, with or without VNNI: 8 pairs per int16 lane are at most 16 x 12 x 127, and no
+//             zero point is left to correct. The integer sums are the AVX-512 tier's (there: a
+//             +12 table and -12 sum q), so are the bits.
 template <int TYPE, int O, int NT>
 void octet_tile(const PackedWeights& w, int64_t k0, const QuantAct& x, int t0, float* y, int64_t ldy, int last_rows) {
-    constexpr bool q4 = TYPE != GGML_Q8_0;
+    constexpr bool q4 = TYPE != GGML_Q8_0, fp4 = TYPE == kTypeMXFP4;
     __m256 f[O][NT];
     for (int h = 0; h < O; ++h)
         for (int t = 0; t < NT; ++t) f[h][t] = _mm256_setzero_ps();
     const __m256i m0f = _mm256_set1_epi8(15);
+    const __m256i e2m1 = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+                                          0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
     const int8_t* xq = x.q + t0 * QK;
     const float* xd = x.d + t0;
     const int32_t* xc = x.c + t0;
@@ -61,7 +68,7 @@ void octet_tile(const PackedWeights& w, int64_t k0, const QuantAct& x, int t0, f
         for (int h = 0; h < O; ++h) {
             const int64_t k = k0 + h;
             pay[h] = w.at(k >> 1, b) + 32 * (k & 1);
-            sc[h] = w.scale_at(k >> 1, b) + 16 * (k & 1);
+            sc[h] = w.scale_at(k >> 1, b) + (fp4 ? 8 : 16) * (k & 1);  // 8 rows' scales: E8M0 bytes or fp16
         }
         __m256i acc[O][NT];
 #ifdef ZEN5_AVXVNNI
@@ -80,6 +87,10 @@ void octet_tile(const PackedWeights& w, int64_t k0, const QuantAct& x, int t0, f
                     const __m256i raw = _mm256_load_si256((const __m256i*)(pay[h] + 64 * (j % 4)));
                     p[h] = j < 4 ? _mm256_and_si256(raw, m0f) : _mm256_and_si256(_mm256_srli_epi16(raw, 4), m0f);
                     o = j < 4 ? 4 * j : 16 + 4 * (j - 4);
+                    if constexpr (fp4) {
+                        p[h] = _mm256_shuffle_epi8(e2m1, p[h]);  // v = 2 e2m1, signed
+                        a[h] = _mm256_abs_epi8(p[h]);
+                    }
                 } else {
                     p[h] = _mm256_load_si256((const __m256i*)(pay[h] + 64 * j));
                     o = 4 * j;
@@ -94,7 +105,11 @@ void octet_tile(const PackedWeights& w, int64_t k0, const QuantAct& x, int t0, f
             for (int t = 0; t < NT; ++t) {
                 const __m256i xb = bcast4(xq + t * QK + o);
                 for (int h = 0; h < O; ++h) {
-                    if constexpr (i16)
+                    if constexpr (fp4) {
+                        const __m256i xs = _mm256_sign_epi8(xb, p[h]);
+                        if constexpr (i16) acc[h][t] = _mm256_add_epi16(acc[h][t], _mm256_maddubs_epi16(a[h], xs));
+                        else acc[h][t] = dot4(acc[h][t], a[h], xs);
+                    } else if constexpr (i16)
                         acc[h][t] = _mm256_add_epi16(acc[h][t], _mm256_maddubs_epi16(p[h], xb));
 #ifdef ZEN5_AVXVNNI
                     else acc[h][t] = dot4(acc[h][t], p[h], xb);
@@ -110,7 +125,13 @@ void octet_tile(const PackedWeights& w, int64_t k0, const QuantAct& x, int t0, f
                 for (int t = 0; t < NT; ++t) __asm__("" : "+x"(acc[h][t]));
         }
         for (int h = 0; h < O; ++h) {
-            const __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)sc[h]));
+            __m256 wd;
+            if constexpr (fp4) {  // E8M0 bytes: (s - 1) << 23 = 2^(s - 128), half the scale (kernels.h)
+                const __m128i s8 = _mm_subs_epu8(_mm_loadl_epi64((const __m128i*)sc[h]), _mm_set1_epi8(1));
+                wd = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu8_epi32(s8), 23));
+            } else {
+                wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)sc[h]));
+            }
             __m256 wm = _mm256_setzero_ps();
             if constexpr (TYPE == GGML_Q4_1) wm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sc[h] + 32)));
 #pragma GCC unroll 8
@@ -239,7 +260,7 @@ constexpr int prefill_tokens() {
 #ifdef ZEN5_AVXVNNI
     return 6;
 #else
-    return TYPE == GGML_Q8_0 ? 4 : 6;
+    return TYPE == GGML_Q8_0 || TYPE == kTypeMXFP4 ? 4 : 6;
 #endif
 }
 
@@ -299,6 +320,7 @@ void matmul_int8(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct&
         case GGML_Q4_0: return matmul_int8_typed<GGML_Q4_0>(w, r0, r1, x, n, y, ldy);
         case GGML_Q4_1: return matmul_int8_typed<GGML_Q4_1>(w, r0, r1, x, n, y, ldy);
         case GGML_Q8_0: return matmul_int8_typed<GGML_Q8_0>(w, r0, r1, x, n, y, ldy);
+        case kTypeMXFP4: return matmul_int8_typed<kTypeMXFP4>(w, r0, r1, x, n, y, ldy);
     }
 }
 

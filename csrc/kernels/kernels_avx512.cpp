@@ -830,6 +830,9 @@ void group_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, fl
     for (int h = 0; h < G; ++h)
         for (int t = 0; t < NT; ++t) f[h][t] = _mm512_setzero_ps();
     const __m512i m0f = _mm512_set1_epi8(15);
+    // MXFP4: an e2m1 code -> twice its value plus 12, unsigned (vpdpbusd's unsigned operand), per
+    // 128-bit lane for vpshufb; the 12 comes back out through the -12 sum q start of the accumulator
+    const __m512i e2m1 = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
     const int8_t* xq = x.q + t0 * QK;
     const float* xd = x.d + t0;
     const int32_t* xc = x.c + t0;
@@ -851,9 +854,10 @@ void group_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, fl
 #pragma GCC unroll 16
         for (int t = 0; t < NT; ++t)
             for (int h = 0; h < G; ++h) {
-                acc[0][h][t] = TYPE == GGML_Q8_0   ? _mm512_set1_epi32(xc[t])
-                               : TYPE == GGML_Q4_0 ? _mm512_srai_epi32(_mm512_set1_epi32(xc[t]), 4)  // -8 sum q
-                                                   : _mm512_setzero_si512();
+                acc[0][h][t] = TYPE == GGML_Q8_0    ? _mm512_set1_epi32(xc[t])
+                               : TYPE == GGML_Q4_0  ? _mm512_srai_epi32(_mm512_set1_epi32(xc[t]), 4)  // -8 sum q
+                               : TYPE == kTypeMXFP4 ? _mm512_set1_epi32(xc[t] / 32 * 3)              // -12 sum q
+                                                    : _mm512_setzero_si512();
                 if constexpr (CH == 2) acc[1][h][t] = _mm512_setzero_si512();
             }
 #pragma GCC unroll 8
@@ -869,6 +873,7 @@ void group_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, fl
                     const __m512i raw = _mm512_load_si512((const void*)(pay + 64 * (j % 4)));
                     p[h] = j < 4 ? _mm512_and_si512(raw, m0f)                          // elements 4j..4j+3
                                  : _mm512_and_si512(_mm512_srli_epi16(raw, 4), m0f);   // 16+4(j-4)..
+                    if constexpr (TYPE == kTypeMXFP4) p[h] = _mm512_shuffle_epi8(e2m1, p[h]);
                     o = j < 4 ? 4 * j : 16 + 4 * (j - 4);
                 }
             }
@@ -879,7 +884,13 @@ void group_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, fl
             }
         }
         for (int h = 0; h < G; ++h) {
-            const __m512 wd = _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(sc + h * sstep)));
+            __m512 wd;
+            if constexpr (TYPE == kTypeMXFP4) {  // E8M0 bytes: (s - 1) << 23 = 2^(s - 128), half the scale
+                const __m128i s8 = _mm_subs_epu8(_mm_loadu_si128((const __m128i*)(sc + h * sstep)), _mm_set1_epi8(1));
+                wd = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(s8), 23));
+            } else {
+                wd = _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(sc + h * sstep)));
+            }
             __m512 wm = _mm512_setzero_ps();
             if constexpr (TYPE == GGML_Q4_1) wm = _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(sc + h * sstep + 32)));
 #pragma GCC unroll 16
@@ -929,6 +940,7 @@ void matmul_int8_avx512(const PackedWeights& w, int64_t r0, int64_t r1, const Qu
         case GGML_Q4_0: return matmul_int8_typed<GGML_Q4_0>(w, r0, r1, x, n, y, ldy);
         case GGML_Q4_1: return matmul_int8_typed<GGML_Q4_1>(w, r0, r1, x, n, y, ldy);
         case GGML_Q8_0: return matmul_int8_typed<GGML_Q8_0>(w, r0, r1, x, n, y, ldy);
+        case kTypeMXFP4: return matmul_int8_typed<kTypeMXFP4>(w, r0, r1, x, n, y, ldy);
     }
 }
 

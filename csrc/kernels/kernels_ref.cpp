@@ -58,6 +58,8 @@ size_t row_bytes(int type, int64_t cols) {
         case GGML_Q4_0: return cols % QK ? 0 : size_t(cols / QK) * 18;
         case GGML_Q4_1: return cols % QK ? 0 : size_t(cols / QK) * 20;
         case GGML_Q8_0: return cols % QK ? 0 : size_t(cols / QK) * 34;
+        case kTypeFP8: return size_t(cols);
+        case kTypeMXFP4: return cols % QK ? 0 : size_t(cols / 2);
         default: return 0;
     }
 }
@@ -70,6 +72,8 @@ const char* type_name(int type) {
         case GGML_Q4_0: return "Q4_0";
         case GGML_Q4_1: return "Q4_1";
         case GGML_Q8_0: return "Q8_0";
+        case kTypeFP8: return "F8_E4M3";
+        case kTypeMXFP4: return "MXFP4";
         default: return "unknown";
     }
 }
@@ -208,7 +212,8 @@ static void attn_values_ref(const float* p, int64_t ldp, int nq, const float* v,
 }
 
 size_t packed_payload_bytes(int type) {
-    return type == GGML_Q8_0 ? 512 : (type == GGML_Q4_0 || type == GGML_Q4_1) ? 256 : 0;
+    return type == GGML_Q8_0 || type == kTypeFP8 ? 512
+           : type == GGML_Q4_0 || type == GGML_Q4_1 || type == kTypeMXFP4 ? 256 : 0;
 }
 
 size_t float_panel_bytes(int type, int64_t rows, int64_t cols) {
@@ -243,7 +248,9 @@ static void quantize_act_ref(const float* x, int n, int64_t cols, int64_t ld, in
 // The spec of the int8 path: integer dot per block, then the block's two scales.
 static void matmul_int8_ref(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n,
                             float* y, int64_t ldy) {
-    const bool q4 = w.type != GGML_Q8_0;
+    const bool q4 = w.type != GGML_Q8_0, fp4 = w.type == kTypeMXFP4;
+    // MXFP4: a code u weighs kE2M1x2[u] (twice its value; the 1/2 goes into the scale)
+    auto nib = [fp4](int u) { return fp4 ? int32_t(kE2M1x2[u]) : int32_t(u); };
     for (int64_t r = r0; r < r1; ++r) {
         const int64_t g = r / 16, lane = r % 16;
         for (int t = 0; t < n; ++t) {
@@ -257,12 +264,13 @@ static void matmul_int8_ref(const PackedWeights& w, int64_t r0, int64_t r1, cons
                 for (int j = 0; j < (q4 ? 4 : 8); ++j)
                     for (int k = 0; k < 4; ++k) {
                         const uint8_t u = pay[j * 64 + k];
-                        if (q4) isum += int32_t(u & 15) * xq[4 * j + k] + int32_t(u >> 4) * xq[16 + 4 * j + k];
+                        if (q4) isum += nib(u & 15) * xq[4 * j + k] + nib(u >> 4) * xq[16 + 4 * j + k];
                         else isum += int32_t(u) * xq[4 * j + k];
                     }
                 if (w.type == GGML_Q4_0) isum += x.c[i] / 16;  // -8 * sum(q)
                 if (w.type == GGML_Q8_0) isum += x.c[i];        // -128 * sum(q)
-                acc += float(isum) * (f16_to_f32(rd16(sc + 2 * lane)) * x.d[i]);
+                const float d = fp4 ? e8m0_half(sc[lane]) : f16_to_f32(rd16(sc + 2 * lane));
+                acc += float(isum) * (d * x.d[i]);
                 if (w.type == GGML_Q4_1) acc += f16_to_f32(rd16(sc + 32 + 2 * lane)) * x.ds[i];
             }
             y[t * ldy + r] = acc;

@@ -254,10 +254,13 @@ def _hash_layers(cfg, source) -> int:
 def _from_hf(cls, cfg: dict, source) -> DeepSeekV4Config:
     if cfg.get("model_type") != ARCH:
         raise _err(source, f"model_type {cfg.get('model_type')!r} is not {ARCH!r}")
-    if cfg.get("quantization_config") is not None:
-        raise _err(source, "quantization_config is set: the official FP8/MXFP4 checkpoint formats are "
-                           "not supported yet (they come in a later issue); the dequantized BF16/F32 "
-                           "variant without quantization_config loads")
+    q = cfg.get("quantization_config")
+    if q is not None and (not isinstance(q, dict) or q.get("quant_method") != "fp8"
+                          or list(q.get("weight_block_size") or [128, 128]) != [128, 128]):
+        # the official checkpoint: FP8 blocks of 128 x 128 (and MXFP4 experts); the tensors' own
+        # dtypes say which matrix is in which format (loader/deepseek_v4.py)
+        raise _err(source, f"quantization_config {q!r} is not the official one (quant_method fp8, "
+                           f"weight_block_size [128, 128])")
     n_layer = _int(cfg, "num_hidden_layers", source)
     ratios = cfg.get("compress_ratios")
     if ratios is None and isinstance(cfg.get("layer_types"), list):

@@ -152,9 +152,11 @@ class Engine:
         self.qat, self.matmul = bool(qat), "f32"
         main, compress = self.config.rope_tables()
         tensors = weights.native_tensors()
-        types = {"F32": 0, "F16": 1, "BF16": 30}  # the panels of every float matrix but the embedding
-        arena = sum(_native.owned_matrix_bytes(types[d], *shape) for name, d, shape, _ in tensors
-                    if len(shape) == 2 and d in types and name != "embed.weight")
+        # the arena: every matrix but the embedding, float ones in panels, FP8 / MXFP4 repacked
+        # (an MXFP4 tensor holds two columns per byte)
+        arena = sum(_native.owned_matrix_bytes(_native.dtype_id(d), shape[0], shape[1] * (2 if d == "MXFP4" else 1))
+                    for name, d, shape, _ in tensors
+                    if len(shape) == 2 and d in ("F32", "F16", "BF16", "F8_E4M3", "MXFP4") and name != "embed.weight")
         memory.check_fits(arena, 0, self.n_ctx, "f32", weights.metadata.get("path"))
         self.native = self._build(_native.DeepSeekV4Model, arena, self.config.to_native(), tensors, main, compress,
                                   self.threads)

@@ -6,10 +6,13 @@ engine binds these names directly. The expected inventory follows from the confi
 have a compressor, which an indexer, which route by token id), and every tensor's presence, dtype
 and exact shape is checked here, so a bad directory becomes a clear exception naming the tensor.
 
-Formats: the plain variant loads (matrices BF16/F16/F32, kept memory-mapped as they are in the
-file; every 1-D norm weight and the small `hc_*`, `ape`, `attn_sink`, `gate.bias` tensors become
-F32; `tid2eid` becomes I32). The official FP8 (e4m3 + e8m0 block scales) and MXFP4 (packed I8
-experts) formats are refused with a message: they come in a later issue.
+Formats: matrices are kept memory-mapped as they are in the file, in BF16/F16/F32 (the plain,
+dequantized variant) or in the official formats (spec deepseek-v4-architecture.md 4.3):
+F8_E4M3 with an F8_E8M0 `.scale` per 128 x 128 block, and I8 tensors of packed e2m1 pairs (the
+routed experts; (out, in / 2) bytes, the even element in the low nibble) with an F8_E8M0 `.scale`
+per 32 inputs, handed on as "MXFP4". The native engine repacks both at load (kernels.h). The
+token embedding stays a float matrix (it is read a row at a time). Every 1-D norm weight and the
+small `hc_*`, `ape`, `attn_sink`, `gate.bias` tensors become F32; `tid2eid` becomes I32.
 """
 from __future__ import annotations
 
@@ -31,7 +34,10 @@ __all__ = ["DeepSeekV4Weights", "load_deepseek_v4_dir", "expected_deepseek_v4_te
 log = logging.getLogger("zen5.loader")
 
 GGML_I32 = 26  # ggml's GGML_TYPE_I32 (tid2eid)
-NATIVE_DTYPES = {GGML_F32: "F32", GGML_F16: "F16", GGML_BF16: "BF16", GGML_I32: "I32"}
+# the official formats' type ids (csrc/kernels/kernels.h, deepseek_v4.h; _native.dtype_id agrees)
+TYPE_FP8, TYPE_MXFP4, TYPE_E8M0 = 1000, 1001, 1002
+NATIVE_DTYPES = {GGML_F32: "F32", GGML_F16: "F16", GGML_BF16: "BF16", GGML_I32: "I32",
+                 TYPE_FP8: "F8_E4M3", TYPE_MXFP4: "MXFP4", TYPE_E8M0: "F8_E8M0"}
 _FLOAT = {"F32": GGML_F32, "F16": GGML_F16, "BF16": GGML_BF16}
 
 # Tensor kinds: which file dtypes each accepts and what the loader hands on.
@@ -39,10 +45,10 @@ MATRIX = "matrix"  # BF16/F16/F32, kept memory-mapped as in the file
 NORM = "norm"      # RMSNorm weights: BF16/F16/F32 -> F32
 F32 = "f32"        # hc_*, ape, attn_sink, gate.bias: F32 (BF16 accepted) -> F32
 INDEX = "index"    # tid2eid: I32/I64 -> I32, values in [0, n_experts)
+SCALE = "scale"    # the E8M0 scales of an F8_E4M3 or packed e2m1 matrix, kept memory-mapped
 _ALLOWED = {MATRIX: ("BF16", "F16", "F32"), NORM: ("BF16", "F16", "F32"), F32: ("F32", "BF16"),
-            INDEX: ("I32", "I64")}
-_QUANTIZED = ("F8_E4M3", "F8_E5M2", "F8_E8M0", "I8", "U8")
-_LATER = "the official FP8/MXFP4 formats come in a later issue; the dequantized BF16/F32 variant loads"
+            INDEX: ("I32", "I64"), SCALE: ("F8_E8M0",)}
+_QUANTIZED = {"F8_E4M3": TYPE_FP8, "I8": TYPE_MXFP4}  # matrices in the official formats, with a .scale
 
 
 @dataclass
@@ -53,8 +59,9 @@ class DeepSeekV4Weights(LoadedWeights):
     config: DeepSeekV4Config
 
     def native_tensors(self) -> list[tuple[str, str, list[int], np.ndarray]]:
-        """[(name, dtype, shape, flat uint8 array)], dtype "F32" | "F16" | "BF16" | "I32": what the
-        native DeepSeek V4 constructor takes. Matrices are the memory-mapped file bytes."""
+        """[(name, dtype, shape, flat uint8 array)], dtype "F32" | "F16" | "BF16" | "I32" |
+        "F8_E4M3" | "MXFP4" | "F8_E8M0": what the native DeepSeek V4 constructor takes. Matrices
+        and scales are the memory-mapped file bytes."""
         return [(t.name, NATIVE_DTYPES[t.ggml_type], list(t.shape), t.data) for t in self.tensors.values()]
 
 
@@ -153,12 +160,14 @@ def _read_all(folder) -> tuple[dict[str, tuple[str, str, tuple, np.ndarray]], li
 
 
 def _validate(c: DeepSeekV4Config, raw: dict, folder) -> dict[str, Tensor]:
-    for name, (file, dtype, shape, _) in raw.items():
-        if dtype in _QUANTIZED or name.endswith(".scale"):
-            raise UnsupportedModelError(
-                f"{file}: tensor {name} is {dtype} {list(shape)}: quantized DeepSeek V4 checkpoints are not "
-                f"supported yet ({_LATER})")
     expected = expected_deepseek_v4_tensors(c)
+    # a matrix stored in an official format brings its scale tensor (its expected shape follows)
+    for name, (shape, kind) in list(expected.items()):
+        if kind == MATRIX and name in raw and raw[name][1] in _QUANTIZED and name != "embed.weight":
+            rows, cols = shape
+            fp4 = raw[name][1] == "I8"
+            expected[name[:-len(".weight")] + ".scale"] = (
+                (rows, cols // 32) if fp4 else (-(-rows // 128), -(-cols // 128)), SCALE)
     missing = [n for n in expected if n not in raw]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -172,9 +181,14 @@ def _validate(c: DeepSeekV4Config, raw: dict, folder) -> dict[str, Tensor]:
     out = {}
     for name, (shape, kind) in expected.items():
         file, dtype, actual, data = raw[name]
-        if dtype not in _ALLOWED[kind]:
+        allowed = _ALLOWED[kind] + (tuple(_QUANTIZED) if kind == MATRIX and name != "embed.weight" else ())
+        if dtype not in allowed:
             raise UnsupportedModelError(f"{file}: tensor {name} has dtype {dtype}, expected one of "
-                                        f"{', '.join(_ALLOWED[kind])}")
+                                        f"{', '.join(allowed)}")
+        if dtype == "I8":  # packed e2m1 pairs: half the columns in bytes
+            if shape[1] % 32:
+                raise BadModelFile(file, f"tensor {name}: packed e2m1 needs a multiple of 32 inputs, got {shape[1]}")
+            shape = (shape[0], shape[1] // 2)
         if tuple(actual) != shape:
             raise BadModelFile(file, f"tensor {name} has shape {list(actual)}, expected {list(shape)}")
         out[name] = _convert(name, kind, dtype, shape, data, c, file)
@@ -183,7 +197,9 @@ def _validate(c: DeepSeekV4Config, raw: dict, folder) -> dict[str, Tensor]:
 
 def _convert(name, kind, dtype, shape, data, c: DeepSeekV4Config, file) -> Tensor:
     if kind == MATRIX:
-        return Tensor(name, _FLOAT[dtype], shape, data)
+        return Tensor(name, _QUANTIZED.get(dtype) or _FLOAT[dtype], shape, data)
+    if kind == SCALE:
+        return Tensor(name, TYPE_E8M0, shape, data)
     if kind == INDEX:
         ids = np.ascontiguousarray(data).view(np.int32 if dtype == "I32" else np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= c.n_routed_experts):
