@@ -120,3 +120,84 @@ def packed_twin(plain: Path, packed_dir: Path, twin_dir: Path, swap_nibbles: boo
                                   "weight_block_size": [128, 128]}
     (packed_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return packed_dir, twin_dir
+
+
+# ---- V4 Flash's real inventory, without the weights ------------------------------------------------
+
+# The official config.json's keys for V4 Flash (spec 1.1), less what the loader does not read.
+V4_FLASH_CONFIG: dict = {
+    "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "vocab_size": 129280,
+    "hidden_size": 4096, "num_hidden_layers": 43, "num_attention_heads": 64, "num_key_value_heads": 1,
+    "head_dim": 512, "qk_rope_head_dim": 64, "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024,
+    "sliding_window": 128, "compress_ratios": [0, 0] + [4, 128] * 20 + [4, 0], "num_nextn_predict_layers": 1,
+    "rope_theta": 10000, "compress_rope_theta": 160000,
+    "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                     "beta_fast": 32, "beta_slow": 1},
+    "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "n_routed_experts": 256,
+    "num_experts_per_tok": 6, "n_shared_experts": 1, "moe_intermediate_size": 2048, "num_hash_layers": 3,
+    "scoring_func": "sqrtsoftplus", "topk_method": "noaux_tc", "routed_scaling_factor": 1.5,
+    "norm_topk_prob": True, "swiglu_limit": 10.0, "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
+    "rms_norm_eps": 1e-6, "max_position_embeddings": 1048576, "bos_token_id": 0, "eos_token_id": 1,
+    "tie_word_embeddings": False,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "weight_block_size": [128, 128]},
+}
+
+
+def real_inventory(cfg: dict) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Every tensor of the official checkpoint for `cfg` (no MTP): name -> (dtype, shape), the
+    dtypes of spec 4.3: FP8 dense projections and MXFP4 routed experts with their E8M0 scales, BF16
+    embed / head / norms / compressors / router / indexer head weights, F32 hc_* / ape / sinks /
+    router bias, I64 tid2eid."""
+    import dsv4_checkpoint as ck
+
+    out = {}
+    for name, (shape, kind) in ck.tensor_specs(cfg).items():
+        f = _format_of(name)
+        if kind == "tid2eid":
+            out[name] = ("I64", shape)
+        elif kind in ("hc_fn", "hc_base", "hc_scale", "sink", "ape", "bias"):
+            out[name] = ("F32", shape)
+        elif f == "fp8":
+            out[name] = ("F8_E4M3", shape)
+            out[name[:-7] + ".scale"] = ("F8_E8M0", (-(-shape[0] // 128), -(-shape[1] // 128)))
+        elif f == "mxfp4":
+            out[name] = ("I8", (shape[0], shape[1] // 2))
+            out[name[:-7] + ".scale"] = ("F8_E8M0", (shape[0], shape[1] // 32))
+        else:
+            out[name] = ("BF16", shape)
+    return out
+
+
+_SIZE = {"F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "BF16": 2, "F32": 4, "I64": 8}
+
+
+def write_sparse_checkpoint(out_dir: Path, cfg: dict, shards: int = 46) -> int:
+    """The official inventory in `shards` safetensors files whose data are holes: the headers are
+    real (names, dtypes, shapes, offsets), each file is extended to its full size with truncate, so
+    it reads as zeros and takes no disk. With config.json and model.safetensors.index.json.
+    Returns the total bytes the files claim."""
+    tensors = list(real_inventory(cfg).items())
+    total = sum(_SIZE[dt] * int(np.prod(shape)) for _, (dt, shape) in tensors)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    weight_map, i, claimed = {}, 0, 0
+    for s in range(shards):
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        header, off = {"__metadata__": {"format": "pt"}}, 0
+        while i < len(tensors) and (s == shards - 1 or claimed + off < total * (s + 1) // shards):
+            name, (dt, shape) = tensors[i]
+            n = _SIZE[dt] * int(np.prod(shape))
+            header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + n]}
+            weight_map[name] = fname
+            off, i = off + n, i + 1
+        claimed += off
+        h = json.dumps(header, separators=(",", ":")).encode()
+        h += b" " * (-len(h) % 8)
+        with open(out_dir / fname, "wb") as fh:
+            fh.write(len(h).to_bytes(8, "little"))
+            fh.write(h)
+            fh.truncate(8 + len(h) + off)  # a hole: no blocks written
+    (out_dir / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}) + "\n")
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return total

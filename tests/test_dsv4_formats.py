@@ -171,3 +171,11 @@ def test_the_comparison_notices_a_mis_wired_file(packed_and_twin, plain_dir):
     _, lt = _logits(packed_and_twin[1], IDS)
     err, corr, agree = _compare(_logits(swapped, IDS)[1], lt)
     assert not (np.median(err) < 0.05 and corr > 0.99 and agree > 0.85), (np.median(err), corr, agree)
+
+
+def test_the_type_ids_agree():
+    from zen5 import _native
+    from zen5.loader import deepseek_v4
+
+    assert (_native.dtype_id("F8_E4M3"), _native.dtype_id("MXFP4"), _native.dtype_id("F8_E8M0")) == \
+        (TYPE_FP8, TYPE_MXFP4, 1002) == (deepseek_v4.TYPE_FP8, deepseek_v4.TYPE_MXFP4, deepseek_v4.TYPE_E8M0)
