@@ -76,7 +76,8 @@ def test_real_width_twin_matches_transformers(dirs, twin_logits):
     want = oracle_logits(load_oracle(dirs[1]), TOKENS)
     diff = np.abs(got - want).max(axis=1)
     scale = np.maximum(1.0, np.abs(want).max(axis=1))
+    agree = np.mean(got.argmax(1) == want.argmax(1))
     print(f"\nreal widths, engine (BF16 twin) vs transformers: max |diff| {diff.max():.2e}, "
-          f"relative median {np.median(diff / scale):.2e}; argmax equal at {np.mean(got.argmax(1) == want.argmax(1)):.1%}")
+          f"relative median {np.median(diff / scale):.2e}; argmax equal at {agree:.1%}")
     assert np.all(diff <= 1e-3 * scale), np.nonzero(diff > 1e-3 * scale)[0][:10]
     assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
