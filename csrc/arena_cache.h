@@ -28,12 +28,18 @@
 
 namespace zen5 {
 
+// Where a model's arena is cached: path, the cache file ("" = no cache); key, the source files'
+// identity (zen5/weight_cache.py); write, whether a miss may write the file (the caller checked
+// the disk's free space).
+struct CacheSpec {
+    std::string path;
+    uint64_t key = 0;
+    bool write = true;
+};
+
 class ArenaCache {
   public:
-    // path: the cache file ("" = no cache); key: the source files' identity (zen5/weight_cache.py);
-    // write: whether a miss may write the file (the caller checked the disk's free space)
-    ArenaCache(std::string path = "", uint64_t key = 0, bool write = true)
-        : path_(std::move(path)), key_(key), write_(write) {}
+    explicit ArenaCache(const CacheSpec& spec = {}) : path_(spec.path), key_(spec.key), write_(spec.write) {}
     ~ArenaCache();  // stops the promotion before the arena it moves is unmapped
     ArenaCache(const ArenaCache&) = delete;
     ArenaCache& operator=(const ArenaCache&) = delete;

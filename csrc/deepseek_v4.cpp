@@ -220,41 +220,32 @@ void V4Context::rewind(int n, const float* last_logits) {
 void V4Context::matmul(const WeightView& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, int64_t r0,
                        int64_t r1) {
     if (r1 < 0) r1 = w.rows;
-    if (w.packed) return matmul_int8(w, x, n, ldx, y, ldy, r0, r1);
+    // FP8 (re-quantized to Q8_0 at load) and MXFP4 weights take the int8 path: the activations to
+    // int8 per 32 (QuantAct, as the llama decoder's), then the tier's int8 matmul over 16-row
+    // groups; float weights read panels of kPanelRows-row bands
+    const bool int8 = w.packed != nullptr;
+    const int64_t cols = w.cols, gran = int8 ? 16 : kPanelRows;
+    QuantAct a{};
+    if (int8) {
+        const size_t blocks = size_t(n) * (cols / QK);
+        if (act_q_.size() < size_t(n) * cols) act_q_.resize(size_t(n) * cols);
+        if (act_d_.size() < blocks) act_d_.resize(blocks), act_ds_.resize(blocks), act_c_.resize(blocks);
+        for (int t = 0; t < n; ++t)  // token t's block b at b * n + t
+            k_.quantize_act(x + t * ldx, 1, cols, n, act_q_.data() + size_t(t) * QK, act_d_.data() + t,
+                            act_c_.data() + t, act_ds_.data() + t);
+        a = QuantAct{act_q_.data(), act_d_.data(), act_c_.data(), act_ds_.data(), cols, n};
+    }
     WeightView v = w;
     if (r0 % kPanelRows) v.panels = nullptr;  // panel kernels start at a band
+    auto rows_of = [&](int64_t lo, int64_t hi) {
+        if (int8) k_.matmul_int8(*w.packed, lo, hi, a, n, y, ldy);
+        else k_.matmul(v, lo, hi, x, n, ldx, y, ldy);
+    };
     const int nt = model_->pool.size();
-    const int64_t rows = r1 - r0;
-    const int64_t per = std::max<int64_t>(kPanelRows, (rows / (nt * 2) + kPanelRows - 1) / kPanelRows * kPanelRows);
+    const int64_t rows = r1 - r0, per = std::max<int64_t>(gran, (rows / (nt * 2) + gran - 1) / gran * gran);
     const int tasks = int((rows + per - 1) / per);
-    if (tasks <= 1 || int64_t(n) * rows * w.cols < (1 << 16)) return k_.matmul(v, r0, r1, x, n, ldx, y, ldy);
-    model_->pool.run(tasks, [&](int t, int) {
-        const int64_t a = r0 + t * per, b = std::min(r1, a + per);
-        k_.matmul(v, a, b, x, n, ldx, y, ldy);
-    });
-}
-
-// FP8 (re-quantized to Q8_0 at load) and MXFP4 weights: the activations to int8 per 32 (the
-// llama decoder's int8 path, QuantAct), then the tier's int8 matmul over groups of 16 rows.
-void V4Context::matmul_int8(const WeightView& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy,
-                            int64_t r0, int64_t r1) {
-    const int64_t cols = w.cols, blocks = cols / QK;
-    if (act_q_.size() < size_t(n) * cols) act_q_.resize(size_t(n) * cols);
-    if (act_d_.size() < size_t(n) * blocks) {
-        act_d_.resize(size_t(n) * blocks), act_ds_.resize(size_t(n) * blocks), act_c_.resize(size_t(n) * blocks);
-    }
-    for (int t = 0; t < n; ++t)  // token t's block b at b * n + t
-        k_.quantize_act(x + t * ldx, 1, cols, n, act_q_.data() + size_t(t) * QK, act_d_.data() + t,
-                        act_c_.data() + t, act_ds_.data() + t);
-    const QuantAct a{act_q_.data(), act_d_.data(), act_c_.data(), act_ds_.data(), cols, n};
-    const int nt = model_->pool.size();
-    const int64_t rows = r1 - r0, per = std::max<int64_t>(16, (rows / (nt * 2) + 15) / 16 * 16);
-    const int tasks = int((rows + per - 1) / per);
-    if (tasks <= 1 || int64_t(n) * rows * cols < (1 << 16)) return k_.matmul_int8(*w.packed, r0, r1, a, n, y, ldy);
-    model_->pool.run(tasks, [&](int t, int) {
-        const int64_t lo = r0 + t * per, hi = std::min(r1, lo + per);
-        k_.matmul_int8(*w.packed, lo, hi, a, n, y, ldy);
-    });
+    if (tasks <= 1 || int64_t(n) * rows * cols < (1 << 16)) return rows_of(r0, r1);
+    model_->pool.run(tasks, [&](int t, int) { rows_of(r0 + t * per, std::min(r1, r0 + (t + 1) * per)); });
 }
 
 void V4Context::rope(float* v, int dim, const float* f, int pos, bool inverse) const {

@@ -168,8 +168,6 @@ class V4Context {
     void moe(int l, int n, const int32_t* tokens, const float* x, float* out);
     void matmul(const WeightView& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy,
                 int64_t r0 = 0, int64_t r1 = -1);
-    void matmul_int8(const WeightView& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy,
-                     int64_t r0, int64_t r1);
     void rope(float* v, int dim, const float* freq, int pos, bool inverse) const;
     void reset_state();
     void truncate(int n);         // n >= trunc_floor_: forget positions >= n

@@ -113,16 +113,10 @@ void check_config(const V4Config& c) {
 
 }  // namespace
 
-static bool L0_packed(const std::vector<V4Layer>& layers) {
-    for (const V4Layer& L : layers)
-        if (L.wo_a.type == kTypeFP8) return true;
-    return false;
-}
-
 V4Model::V4Model(V4Config c, const std::vector<TensorIn>& tensors, std::vector<float> fm, std::vector<float> fc,
                  int threads, const CacheSpec& cache)
     : cfg(std::move(c)), freq_main(std::move(fm)), freq_compress(std::move(fc)), pool(threads),
-      cache_(cache.path, cache.key, cache.write) {
+      cache_(cache) {
     check_config(cfg);
     if (int(freq_main.size()) != cfg.rope_dim / 2 || int(freq_compress.size()) != cfg.rope_dim / 2)
         throw BadModel("rope tables must have rope_dim / 2 entries");
@@ -208,7 +202,8 @@ V4Model::V4Model(V4Config c, const std::vector<TensorIn>& tensors, std::vector<f
     h = hash_bytes(freq_compress.data(), freq_compress.size() * 4, h);
     for (const WeightView* w : mats) arena_bytes_ += owned_bytes(*w);
     // an int8 matmul reads 16-row groups: the grouped output projection starts a group per o_rank
-    if (L0_packed(layers) && cfg.o_rank % 16) throw BadModel("FP8 wo_a needs o_lora_rank % 16 == 0");
+    for (const V4Layer& L : layers)
+        if (L.wo_a.type == kTypeFP8 && cfg.o_rank % 16) throw BadModel("FP8 wo_a needs o_lora_rank % 16 == 0");
     h = pack_and_hash(b.by, mats, h, arena_, packed_, panels_, pool, cache_);
     for (const auto& [name, t] : b.by) n_params += t->elements();
     fingerprint = h;

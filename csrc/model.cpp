@@ -165,10 +165,11 @@ void pack_float_panels(const WeightView& w, FloatPanels& p, uint8_t* dst, int64_
 static size_t packed_scale_bytes(int type) { return type == GGML_Q4_1 ? 64 : type == kTypeMXFP4 ? 16 : 32; }
 
 // DeepSeek V4's FP8 block of 32 columns (one row) as Q8_0: the e4m3 values times their 128 x 128
-// block's scale, exactly, then d = max|w| / 127 (as fp16) and q = round(w / d), the same rule as
-// quantize_s8. The error against the exact values is what tests/test_dsv4_formats.py measures.
+// block's E8M0 scale 2^(s - 127), exactly, then d = max|w| / 127 rounded to fp16 (Q8_0 stores
+// it so) and q = round(w / d). The error against the exact values is what
+// tests/test_dsv4_formats.py measures.
 static void fp8_block_to_q8(const WeightView& w, int64_t r, int64_t b, uint16_t* d16, int8_t* q) {
-    const float s = e8m0_to_f32(w.scales[(r / 128) * ((w.cols + 127) / 128) + b * QK / 128]);
+    const float s = std::ldexp(1.0f, int(w.scales[(r / 128) * ((w.cols + 127) / 128) + b * QK / 128]) - 127);
     float v[QK], amax = 0.0f;
     for (int k = 0; k < QK; ++k) v[k] = e4m3_to_f32(w.row(r)[b * QK + k]) * s, amax = std::max(amax, std::fabs(v[k]));
     *d16 = f32_to_f16(amax / 127.0f);
@@ -347,7 +348,7 @@ static void check_config(const Config& c) {
 
 Model::Model(Config c, const std::vector<TensorIn>& tensors, std::vector<float> rope_inv_freq, int threads,
              const CacheSpec& cache)
-    : cfg(std::move(c)), inv_freq(std::move(rope_inv_freq)), pool(threads), cache_(cache.path, cache.key, cache.write) {
+    : cfg(std::move(c)), inv_freq(std::move(rope_inv_freq)), pool(threads), cache_(cache) {
     check_config(cfg);
     if (int(inv_freq.size()) != cfg.head_dim / 2) throw BadModel("rope_inv_freq must have head_dim/2 entries");
     std::map<std::string, const TensorIn*> by_name;

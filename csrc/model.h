@@ -94,12 +94,6 @@ uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name,
                        std::vector<std::unique_ptr<PackedWeights>>& packed,
                        std::vector<std::unique_ptr<FloatPanels>>& panels, ThreadPool& pool, ArenaCache& cache);
 
-// Where a model's arena is cached on disk (arena_cache.h): path "" = nowhere.
-struct CacheSpec {
-    std::string path;
-    uint64_t key = 0;
-    bool write = true;
-};
 
 struct Config {
     std::string arch;  // llama | qwen2 | qwen3

@@ -12,29 +12,18 @@ import numpy as np
 import pytest
 
 import dsv4_formats as fmt
+from test_kernels import int8_product
 from tiers import FAST_TIERS
 from zen5._native import testing
 
 TYPE_FP8, TYPE_MXFP4 = 1000, 1001  # csrc/kernels/kernels.h
 
 
-def quantize_act(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The kernels' activation int8 (kernels.h quantize_act): per 32, d = max|x| / 127, q = round(x / d)."""
-    n, cols = x.shape
-    b = x.reshape(n, cols // 32, 32).astype(np.float32)
-    d = np.abs(b).max(axis=2, keepdims=True) / np.float32(127)
-    q = np.where(d > 0, np.rint(b / np.where(d > 0, d, 1)), 0)
-    return q.reshape(n, cols), d[..., 0]
-
-
 def emulate(wq: np.ndarray, wscale: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """sum over blocks of (integer dot of weight ints and activation ints) * w_scale * x_scale,
-    wq (rows, cols) integers, wscale (rows, cols / 32)."""
-    q, d = quantize_act(x)
-    n, cols = x.shape
-    isum = np.einsum("rbk,nbk->nrb", wq.reshape(len(wq), cols // 32, 32).astype(np.float64),
-                     q.reshape(n, cols // 32, 32).astype(np.float64))
-    return (isum * wscale[None].astype(np.float64) * d[:, None, :]).sum(axis=2)
+    """The int8 path (test_kernels.int8_product) for integer weights wq (rows, cols) with a scale
+    per 32 of a row, wscale (rows, cols / 32)."""
+    rows, cols = wq.shape
+    return int8_product(wq.reshape(rows, cols // 32, 32).astype(np.float64), wscale.astype(np.float32), x)[0]
 
 
 def random_mxfp4(rng, rows, cols):

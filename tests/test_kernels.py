@@ -177,15 +177,23 @@ def emulate_int8(kind, w, rows, cols, x):
         ints = np.rint((vals - m_w[..., None]) / d_w[..., None])
     else:
         ints = np.rint(vals / np.where(d_w == 0, 1, d_w)[..., None])
-    xb = x.reshape(len(x), cols // 32, 32)
+    out, q, d_x = int8_product(ints, d_w, x)
+    if kind == "Q4_1":
+        out += (m_w[None] * (d_x * q.sum(axis=2))[:, None, :]).sum(axis=2)
+    return out
+
+
+def int8_product(ints, d_w, x):
+    """The int8 path for integer weights ints (rows, blocks, 32) with scales d_w (rows, blocks):
+    x quantized per 32-block (d = amax/127, q = round-half-even(x * (1/d))), the exact integer
+    dots, then both scales. Returns (out (n, rows), q, d_x)."""
+    n, cols = x.shape
+    xb = x.reshape(n, cols // 32, 32)
     d_x = (np.abs(xb).max(axis=2) / np.float32(127)).astype(np.float32)
     inv = np.where(d_x != 0, np.float32(1) / np.where(d_x == 0, 1, d_x), 0).astype(np.float32)
     q = np.clip(np.rint((xb * inv[..., None]).astype(np.float32)), -127, 127)
     dots = np.einsum("rbj,tbj->trb", ints, q)                                    # exact integers
-    out = (dots * (d_w[None] * d_x[:, None, :]).astype(np.float64)).sum(axis=2)
-    if kind == "Q4_1":
-        out += (m_w[None] * (d_x * q.sum(axis=2))[:, None, :]).sum(axis=2)
-    return out
+    return (dots * (d_w[None] * d_x[:, None, :]).astype(np.float64)).sum(axis=2), q, d_x
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1"])

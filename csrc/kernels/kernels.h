@@ -40,12 +40,6 @@ inline float e8m0_half(uint8_t s) {
 }
 // Twice the e2m1 value of a code: integers, so the MXFP4 int8 kernels multiply them exactly.
 constexpr int8_t kE2M1x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-inline float e8m0_to_f32(uint8_t s) {  // 2^(s - 127); s = 0 (2^-127) reads as 0, 255 (NaN) never occurs
-    uint32_t bits = s ? uint32_t(s) << 23 : 0;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
 
 constexpr int QK = 32;  // elements per quantized block (Q4_0, Q4_1, Q8_0)
 
