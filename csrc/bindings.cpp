@@ -271,7 +271,14 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("fingerprint", [](const PyV4Model& p) { return p.model->fingerprint; })
         .def_property_readonly("n_params", [](const PyV4Model& p) { return p.model->n_params; })
         .def_property_readonly("threads", [](const PyV4Model& p) { return p.model->pool.size(); })
-        .def_property_readonly("weight_bytes", [](const PyV4Model& p) { return p.model->weight_bytes(); });
+        .def_property_readonly("weight_bytes", [](const PyV4Model& p) { return p.model->weight_bytes(); })
+        // bytes the matmuls read by part: [(attention, ffn less routed experts, one routed expert)] per layer
+        .def("layer_bytes", [](const PyV4Model& p) {
+            py::list out;
+            for (const auto& b : p.model->layer_bytes()) out.append(py::make_tuple(b.attn, b.ffn, b.expert));
+            return out;
+        })
+        .def_property_readonly("head_bytes", [](const PyV4Model& p) { return p.model->head_bytes(); });
 
     // The same methods as Context, so zen5.engine drives either.
     py::class_<V4Context> v4context(m, "DeepSeekV4Context");
@@ -291,7 +298,10 @@ PYBIND11_MODULE(_native, m) {
         })
         .def("last_selected", [](const V4Context& c) {
             return per_layer(c.last_selected(), c.model().cfg.n_layers, std::max(c.model().cfg.index_topk, 1));
-        });
+        })
+        // seconds per stage since the last reset: layer l's attention half at 2l, FFN half at 2l + 1, the rest last
+        .def("stage_seconds", [](const V4Context& c) { return c.stage_seconds(); })
+        .def("reset_stage_seconds", &V4Context::reset_stage_seconds);
     def_state_api(v4context, [](const V4Context& c) { return c.model().cfg.vocab; });
 
     register_testing(m);

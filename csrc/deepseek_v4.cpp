@@ -7,6 +7,7 @@
 // token in position order), so a prefill, a chunked prefill, a decode and a replay after a
 // rewind all give the same bits.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -57,6 +58,7 @@ V4Context::V4Context(std::shared_ptr<const V4Model> model, int n_ctx, const Kern
     }
     tokens_.assign(n_ctx_, 0);
     logits_.assign(c.vocab, 0.0f);
+    stage_s_.assign(2 * size_t(c.n_layers) + 1, 0.0);
     reset_state();
     const size_t T = kChunk, D = c.hidden, hc = c.hc_mult, qd = size_t(c.n_heads) * c.head_dim;
     const size_t ff = std::max<size_t>(c.moe_inter, 1);
@@ -572,22 +574,32 @@ void V4Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
     const V4Model& m = *model_;
     const V4Config& c = m.cfg;
     const int D = c.hidden, H = c.hc_mult, HD = H * D;
+    auto mark = std::chrono::steady_clock::now();
+    auto lap = [&](double& acc) {  // two clock reads per layer: nothing next to a layer's matmuls
+        const auto now = std::chrono::steady_clock::now();
+        acc += std::chrono::duration<double>(now - mark).count();
+        mark = now;
+    };
+    double& rest = stage_s_.back();
     for (int t = 0; t < n; ++t) {
         tokens_[n_past_ + t] = tokens[t];
         float* x = X_.data() + size_t(t) * HD;
         k_.dequant_row(m.embed.type, m.embed.row(tokens[t]), D, x);
         for (int j = 1; j < H; ++j) std::memcpy(x + size_t(j) * D, x, sizeof(float) * D);
     }
+    lap(rest);
     for (int l = 0; l < c.n_layers; ++l) {
         const V4Layer& L = m.layers[l];
         hc_pre(L.hc_attn, n, post_.data(), comb_.data(), col_.data());
         for (int t = 0; t < n; ++t) k_.rmsnorm(col_.data() + size_t(t) * D, L.attn_norm, D, c.rms_eps, xn_.data() + size_t(t) * D);
         attention(l, n, xn_.data(), out_.data());
         hc_post(out_.data(), post_.data(), comb_.data(), n);
+        lap(stage_s_[2 * l]);
         hc_pre(L.hc_ffn, n, post_.data(), comb_.data(), col_.data());
         for (int t = 0; t < n; ++t) k_.rmsnorm(col_.data() + size_t(t) * D, L.ffn_norm, D, c.rms_eps, xn_.data() + size_t(t) * D);
         moe(l, n, tokens, xn_.data(), out_.data());
         hc_post(out_.data(), post_.data(), comb_.data(), n);
+        lap(stage_s_[2 * l + 1]);
     }
     n_past_ += n;
     trim_inputs();  // the inputs before the (possibly new) block's lead are no longer needed
@@ -613,6 +625,7 @@ void V4Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
     } else {
         matmul(m.head, xn_.data() + size_t(n - 1) * D, 1, D, logits_.data(), c.vocab);
     }
+    lap(rest);
 }
 
 // ---- snapshots ------------------------------------------------------------------------------

@@ -90,6 +90,12 @@ class V4Model {
     int64_t n_params = 0;
     mutable ThreadPool pool;
     size_t weight_bytes() const { return arena_bytes_; }  // the panels' arena: what the matmuls read
+    // Bytes the matmuls read, by part (the bench's bytes-per-token accounting): per layer its
+    // attention side (hc_attn, projections, compressors, indexer), its FFN side less the routed
+    // experts (hc_ffn, router, shared expert) and one routed expert; then the head (hc_head, head).
+    struct LayerBytes { size_t attn = 0, ffn = 0, expert = 0; };
+    std::vector<LayerBytes> layer_bytes() const;
+    size_t head_bytes() const;
     const ArenaCache& weight_cache() const { return cache_; }
 
   private:
@@ -142,8 +148,12 @@ class V4Context {
     // discrete decisions the tests compare with the oracle's.
     const std::vector<int32_t>& last_experts() const { return experts_; }
     const std::vector<int32_t>& last_selected() const { return selected_; }
+    // Wall seconds spent per stage since the last reset, (2 * n_layers + 1): layer l's attention
+    // half (hc_pre to hc_post) at 2l, its FFN half at 2l + 1, the rest (embedding, head) last.
+    const std::vector<double>& stage_seconds() const { return stage_s_; }
+    void reset_stage_seconds() { std::fill(stage_s_.begin(), stage_s_.end(), 0.0); }
 
-    static constexpr int kChunk = 128;  // tokens per forward step
+    static constexpr int kChunk = 512;  // tokens per forward step
     static constexpr int kBlock = 128;  // rewind's block: compressor inputs are kept since its start
 
   private:
@@ -188,6 +198,7 @@ class V4Context {
     std::vector<LayerState> st_;
     std::vector<float> logits_;
     std::vector<int32_t> experts_, selected_;
+    std::vector<double> stage_s_;
     // scratch, per chunk
     std::vector<float> X_, xn_, col_, out_, post_, comb_, qa_, q_, kv_, att_, oa_, iq_, iw_, tmp_, tmp2_;
     std::vector<float> ckv_, cg_, ffn_g_, ffn_u_, rlog_;

@@ -209,6 +209,23 @@ V4Model::V4Model(V4Config c, const std::vector<TensorIn>& tensors, std::vector<f
     fingerprint = h;
 }
 
+std::vector<V4Model::LayerBytes> V4Model::layer_bytes() const {
+    std::vector<LayerBytes> out;
+    for (const V4Layer& L : layers) {
+        LayerBytes b;
+        for (const WeightView* w : {&L.hc_attn.fn, &L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b}) b.attn += owned_bytes(*w);
+        if (L.ratio) b.attn += owned_bytes(L.comp.wkv) + owned_bytes(L.comp.wgate);
+        if (L.ratio == 4)
+            for (const WeightView* w : {&L.icomp.wkv, &L.icomp.wgate, &L.iwq_b, &L.iweights}) b.attn += owned_bytes(*w);
+        for (const WeightView* w : {&L.hc_ffn.fn, &L.gate, &L.sw1, &L.sw2, &L.sw3}) b.ffn += owned_bytes(*w);
+        b.expert = owned_bytes(L.w1[0]) + owned_bytes(L.w2[0]) + owned_bytes(L.w3[0]);
+        out.push_back(b);
+    }
+    return out;
+}
+
+size_t V4Model::head_bytes() const { return owned_bytes(head) + owned_bytes(hc_head.fn); }
+
 // ---- QAT simulations -------------------------------------------------------------------------
 
 namespace {

@@ -172,23 +172,48 @@ def real_inventory(cfg: dict) -> dict[str, tuple[str, tuple[int, ...]]]:
 _SIZE = {"F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "BF16": 2, "F32": 4, "I64": 8}
 
 
-def write_sparse_checkpoint(out_dir: Path, cfg: dict, shards: int = 46) -> int:
-    """The official inventory in `shards` safetensors files whose data are holes: the headers are
-    real (names, dtypes, shapes, offsets), each file is extended to its full size with truncate, so
-    it reads as zeros and takes no disk. With config.json and model.safetensors.index.json.
-    Returns the total bytes the files claim."""
-    tensors = list(real_inventory(cfg).items())
+def write_inventory(out_dir: Path, cfg: dict, shards: int = 46, random: bool = False, seed: int = 0) -> int:
+    """The official inventory for `cfg` in `shards` safetensors files, with config.json and
+    model.safetensors.index.json; returns the total bytes the files claim.
+
+    random=False: the data are holes (each file is extended to its full size with truncate), so
+    the files read as zeros and take no disk: the real headers (names, dtypes, shapes, offsets)
+    of a model larger than RAM. random=True: real values, tensor by tensor (peak memory one
+    tensor): FP8 projections quantized from tests/dsv4_checkpoint.py's draws, MXFP4 experts as
+    uniform random codes with scale 2^-7 (about that recipe's N(0, 1/sqrt(in)) magnitude, and far
+    faster to make at 256 experts), everything else as that file draws it."""
+    import dsv4_checkpoint as ck
+
+    inventory = real_inventory(cfg)
+    kinds = {name: kind for name, (_, kind) in ck.tensor_specs(cfg).items()}
+    tensors = list(inventory.items())
     total = sum(_SIZE[dt] * int(np.prod(shape)) for _, (dt, shape) in tensors)
     out_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
     weight_map, i, claimed = {}, 0, 0
+    pending_scale: dict[str, np.ndarray] = {}
+
+    def data(name: str, dt: str, shape: tuple[int, ...]) -> np.ndarray:
+        if dt == "F8_E8M0":
+            return pending_scale.pop(name)
+        if dt == "I8":  # packed e2m1 codes
+            pending_scale[name[:-7] + ".scale"] = np.full((shape[0], shape[1] * 2 // 32), 120, np.uint8)
+            return rng.integers(0, 256, shape, np.uint8)
+        val = ck._draw(rng, shape, kinds[name], cfg)
+        if dt == "F8_E4M3":
+            q, pending_scale[name[:-7] + ".scale"] = to_fp8(val)
+            return q
+        return ck._to_bf16_bits(val) if dt == "BF16" else val
+
     for s in range(shards):
         fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        header, off = {"__metadata__": {"format": "pt"}}, 0
+        header, off, members = {"__metadata__": {"format": "pt"}}, 0, []
         while i < len(tensors) and (s == shards - 1 or claimed + off < total * (s + 1) // shards):
             name, (dt, shape) = tensors[i]
             n = _SIZE[dt] * int(np.prod(shape))
             header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + n]}
             weight_map[name] = fname
+            members.append((name, dt, shape))
             off, i = off + n, i + 1
         claimed += off
         h = json.dumps(header, separators=(",", ":")).encode()
@@ -196,7 +221,10 @@ def write_sparse_checkpoint(out_dir: Path, cfg: dict, shards: int = 46) -> int:
         with open(out_dir / fname, "wb") as fh:
             fh.write(len(h).to_bytes(8, "little"))
             fh.write(h)
-            fh.truncate(8 + len(h) + off)  # a hole: no blocks written
+            if random:
+                for name, dt, shape in members:
+                    fh.write(np.ascontiguousarray(data(name, dt, shape)).tobytes())
+            fh.truncate(8 + len(h) + off)  # holes, unless written
     (out_dir / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}) + "\n")
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")

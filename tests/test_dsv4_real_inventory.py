@@ -40,7 +40,7 @@ print(json.dumps(dict(growth=rss() - base, seconds=dt, n=len(w.tensors), bytes=t
 
 
 def test_the_real_inventory_loads_mapped_without_resident_growth(tmp_path):
-    claimed = fmt.write_sparse_checkpoint(tmp_path / "v4flash", fmt.V4_FLASH_CONFIG)
+    claimed = fmt.write_inventory(tmp_path / "v4flash", fmt.V4_FLASH_CONFIG)
     used = sum(os.stat(f).st_blocks * 512 for f in (tmp_path / "v4flash").iterdir())
     assert claimed > 140e9 and used < 50e6  # holes: the headers only
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
