@@ -58,6 +58,8 @@ A full run into bench/results also regenerates the README's Performance section 
 One command for the recorded run: python -m zen5 bench --wait-quiet 20
 Smoke run (1 repeat, pp128 + tg128, Q4_1, no peers, a 2-point frontier): python -m zen5 bench --quick
 The AVX2 tier on an AVX-512 CPU: python -m zen5 bench --isa avx2 (needs the llama.cpp-avx2 build)
+DeepSeek V4 Flash's real-width layers, projected: python -m zen5 bench --deepseek-v4 --wait-quiet 20
+  (a smoke run: --deepseek-v4 --quick --out /tmp/x, 16 experts instead of 256)
 Real model sizes: python -m zen5 bench --model-size 1.7b --wait-quiet 20 (then --model-size 8b);
   a smoke run of that code: python -m zen5 bench --model-size tiny --prompts 64 --gen 16 --repeat 1 --out /tmp/x
 """
@@ -116,6 +118,8 @@ class BenchConfig:
     model_size: str = ""           # "1.7b" / "8b": the real-model-size mode (real_bench.py) instead of the modes
     types: tuple[str, ...] = ()    # that mode's weight types; (): real_models.TYPES
     models_dir: str = ""           # where real_models.py caches its files; "": ~/.cache/zen5/bench-models
+    deepseek_v4: bool = False      # the DeepSeek V4 real-width layers mode (dsv4_bench.py) instead of the modes
+    depths: tuple[int, ...] = (0, 2048, 8192)  # that mode's context depths
 
     def __post_init__(self):
         bad = [m for m in self.modes if m not in MODES] + [q for q in self.quants if q not in QUANTS] \
@@ -127,8 +131,9 @@ class BenchConfig:
         if bad or not self.frontier_kv:
             raise ValueError(f"unknown mode / quant / peer / ISA tier / KV type / model size / type: "
                              f"{', '.join(bad) or 'no KV type'}")
-        if self.repeat < 1 or self.gen < 1 or min(self.threads) < 1 or min(self.prompts) < 1:
-            raise ValueError("repeat, gen, threads and prompts must be >= 1")
+        if self.repeat < 1 or self.gen < 1 or min(self.threads) < 1 or min(self.prompts) < 1 \
+                or min(self.depths) < 0 or any(d % 128 for d in self.depths):
+            raise ValueError("repeat, gen, threads and prompts must be >= 1, depths multiples of 128")
         if self.frontier_step < 1 or self.frontier_gen < 1 or self.frontier_repeat < 1:
             raise ValueError("frontier step, gen and repeat must be >= 1")
 
@@ -467,6 +472,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--types", type=_csv_list(str),
                    help=f"--model-size: the weight types (default {','.join(REAL_TYPES)})")
     p.add_argument("--models-dir", help="--model-size: the model cache (default ~/.cache/zen5/bench-models)")
+    p.add_argument("--deepseek-v4", action="store_true",
+                   help="DeepSeek V4 Flash's real-width layers instead of the modes (bench/dsv4_bench.py): decode "
+                        "and 512-token prefill per layer kind at --depths, bytes and ops against this run's roofs, "
+                        "and the full model projected here and on a named Zen 5 EPYC")
+    p.add_argument("--depths", type=_csv_list(int), help="--deepseek-v4: context depths (default 0,2048,8192)")
     p.add_argument("--out", help="results directory (default bench/results)")
     p.add_argument("--wait-quiet", type=float, metavar="MIN",
                    help="first wait up to MIN minutes for the 1-minute load average to drop below --quiet-load")
@@ -487,24 +497,31 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
     # the tier is not a change of workload: an --isa run is "full" (its own files, see result_stem);
     # nor is the model size or where its files are cached
     if changes and not a.quick and set(changes) - {"out", "wait_quiet", "quiet_load", "isa", "model_size",
-                                                   "models_dir"}:
+                                                   "models_dir", "deepseek_v4"}:
         changes["workload"] = "custom"
     if changes.get("model_size"):  # that mode's own workload: pp512 + tg128, REAL_REPEAT repetitions
         changes.setdefault("prompts", (512,) if not a.quick else cfg.prompts)
         changes.setdefault("repeat", real_bench_repeat() if not a.quick else cfg.repeat)
+    if changes.get("deepseek_v4"):  # that mode's own workload (dsv4_bench.py)
+        changes.setdefault("repeat", 3 if not a.quick else 1)
+        changes.setdefault("gen", 32 if not a.quick else 4)
+        changes.setdefault("depths", cfg.depths if not a.quick else (0, 128))
     return replace(cfg, **changes)
 
 
 def run_cli(a: argparse.Namespace) -> int:
     cfg = config_from_args(a)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731  (stdout: table + JSON)
-    if cfg.model_size:
+    if cfg.deepseek_v4:
+        import dsv4_bench
+        head = dsv4_bench.DeepSeekV4Run(cfg, log=lambda m: print(m, flush=True)).execute()
+    elif cfg.model_size:
         import real_bench
         head = real_bench.RealRun(cfg, log=lambda m: print(m, flush=True)).execute()
     else:
         head = Run(cfg, log=lambda m: print(m, flush=True)).execute()
     default_out = Path(cfg.out).resolve() == (ROOT / "bench" / "results").resolve()
-    if cfg.workload == "full" and default_out and not a.no_readme:
+    if cfg.workload == "full" and default_out and not a.no_readme and not cfg.deepseek_v4:
         import report
         log(f"README Performance section regenerated from {report.update_readme()}")
     print(json.dumps(head), flush=True)

@@ -1,0 +1,393 @@
+"""`python -m zen5 bench --deepseek-v4`: DeepSeek V4 Flash's real-width layers, timed and projected
+(issue 22).
+
+Model: V4 Flash's real widths and formats (tests/dsv4_formats.py write_inventory: FP8 dense
+projections with 128 x 128 block scales, MXFP4 routed experts, BF16 embedding / head / router,
+the real 129,280-token vocabulary) with one layer of each kind: window-only (ratio 0), ratio 4
+with the indexer, ratio 128. Each layer has all 256 routed experts (6 active) and the shared
+one, so decode streams 6 experts that are not in any cache and a 512-token prefill routes about
+12 tokens to each expert, as in the real model. Random values (speed does not depend on them),
+written once to ~/.cache/zen5/bench-models/dsv4-layers (about 12.6 GB).
+
+Per thread count (a fresh process each, so nothing warm carries over), per context depth d
+(the context first filled to d tokens): decode of --gen tokens, then a 512-token prefill, each
+rewound afterwards (d is a multiple of 128, so the rewinds are exact truncations / block
+rebuilds), --repeat times, median. The engine's stage clocks (V4Context::stage_seconds) split
+the time per layer into its attention half and its FFN (MoE) half, plus the rest (embedding,
+head).
+
+Figures:
+  decode  bytes per token of each stage (the matrices it reads, layer_bytes, with 6 of the 256
+          experts, plus the KV rows attention reads at depth d: the 128-row window, the
+          compressed rows, the indexer's rows and its top-512 picks) over the stage's time, as
+          a fraction of the DRAM read roof measured in the same run (roofline.py);
+  prefill the stage's matmul operations (2 x multiply-adds, from the config; attention scores
+          and softmax not counted, so a lower bound) over its time, as a fraction of the tier's
+          int8 peak measured in the same run.
+Projection (printed and written to <cpu>-dsv4-projection.md): the full V4 Flash (43 layers: 2
+window-only, 21 ratio-4, 20 ratio-128 by its compress_ratios) as the sum of the measured stages,
+for this machine and for a named Zen 5 EPYC, with every assumption stated.
+
+llama.cpp (the tier's build of bench/build_peers.sh, when built): its pinned source runs DeepSeek
+V4 (its deepseek4 architecture: hyper-connections, both compressors, the indexer, sinks). The same
+checkpoint becomes a GGUF through its own converter (bench/dsv4_llama.py: MXFP4 experts as they
+are, the FP8 projections as Q8_0, as zen5 holds them), once, beside the checkpoint; llama-bench
+then times pp512 and tg --gen at the same depths and threads (`-d`), right after zen5's child of
+that thread count (depths up to LLAMA_MAX_DEPTH). llama-bench gives whole-model times only, so
+the ratio is of the totals.
+--peers "" skips it.
+"""
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+for p in (HERE, ROOT / "tests"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+from results_log import commit, cpu_name  # noqa: E402
+
+KINDS = (0, 4, 128)  # the bench model's layers, one of each compress ratio
+PREFILL = 512
+# llama-bench fills the context to -d again before every repetition of every test (at about 40
+# tokens/s here on these layers), so its depths stop here; zen5's go on.
+LLAMA_MAX_DEPTH = 2048
+COLUMNS = ("run_id", "date", "commit", "cpu", "engine", "isa", "threads", "depth", "test", "stage", "seconds_per_token",
+           "bytes_per_token", "gbps", "frac_dram_roof", "gops", "frac_int8_peak", "read_dram_gbps", "int8_gops",
+           "repeats")
+# The named machine of the projection and what is assumed about it (spec deepseek-v4-architecture.md 4.7).
+ZEN5 = {
+    "name": "AMD EPYC 9575F (Zen 5, 64 cores, one socket, 12 channels of DDR5-6400)",
+    "dram_peak_gbps": 614.4,    # 12 channels x 8 bytes x 6400 MT/s
+    "dram_sustained": 0.75,     # of the peak, what a read stream sustains (spec 4.7: ~450-500 GB/s)
+    "cores": 64, "ghz": 3.3,    # base clock; AVX-512 all-core clocks are at or above it
+    "int8_ops_per_cycle": 256,  # per core: two 512-bit vpdpbusd per cycle, 64 multiply-adds each
+}
+
+
+def flash_config() -> dict:
+    import dsv4_formats as fmt
+    return dict(fmt.V4_FLASH_CONFIG)
+
+
+def bench_config(experts: int = 256) -> dict:
+    cfg = flash_config()
+    cfg.update(num_hidden_layers=len(KINDS), compress_ratios=list(KINDS), num_hash_layers=0, n_routed_experts=experts)
+    return cfg
+
+
+def model_dir(models_dir: Path, experts: int, log) -> Path:
+    """The bench checkpoint, written once (into a temporary folder, renamed when complete)."""
+    import dsv4_formats as fmt
+    out = models_dir / ("dsv4-layers" if experts == 256 else f"dsv4-layers-e{experts}")
+    if (out / "config.json").exists():
+        return out
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    log(f"writing the DeepSeek V4 real-width bench checkpoint to {out} (random values; once)")
+    t0 = time.time()
+    models_dir.mkdir(parents=True, exist_ok=True)
+    fmt.write_inventory(tmp, bench_config(experts), shards=4, random=True)
+    tmp.rename(out)
+    log(f"  {sum(f.stat().st_size for f in out.iterdir()) / 1e9:.1f} GB in {time.time() - t0:.0f} s")
+    return out
+
+
+def matmul_ops(cfg: dict, ratio: int) -> tuple[float, float]:
+    """Operations (2 x multiply-adds) of one token's matmuls: (attention half, FFN half)."""
+    D, hc, hd, nh = cfg["hidden_size"], cfg["hc_mult"], cfg["head_dim"], cfg["num_attention_heads"]
+    qr, G, orank = cfg["q_lora_rank"], cfg["o_groups"], cfg["o_lora_rank"]
+    F, E, k = cfg["moe_intermediate_size"], cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    ih, idim = cfg["index_n_heads"], cfg["index_head_dim"]
+    mix = (2 + hc) * hc * hc * D
+    attn = mix + D * qr + qr * nh * hd + D * hd + G * orank * (nh * hd // G) + D * G * orank
+    if ratio:
+        attn += 2 * (2 * hd if ratio == 4 else hd) * D
+    if ratio == 4:
+        attn += 2 * 2 * idim * D + ih * idim * qr + ih * D
+    ffn = mix + E * D + (k + cfg.get("n_shared_experts", 1)) * 3 * D * F
+    return 2.0 * attn, 2.0 * ffn
+
+
+def kv_bytes(cfg: dict, ratio: int, depth: int) -> int:
+    """Bytes of f32 attention state one decoded token reads at context depth `depth`."""
+    hd, n = cfg["head_dim"], depth + 1
+    b = min(n, cfg["sliding_window"]) * hd * 4
+    if ratio == 128:
+        b += n // 128 * hd * 4
+    if ratio == 4:
+        b += n // 4 * cfg["index_head_dim"] * 4 + min(n // 4, cfg["index_topk"]) * hd * 4
+    return b
+
+
+def child(path: str, threads: int, depths: list[int], gen: int, repeat: int, cache: str) -> dict:
+    """One thread count in this process: load, then per depth decode and prefill timings."""
+    import numpy as np
+
+    from zen5.engine import Engine
+    from zen5.loader.deepseek_v4 import load_deepseek_v4_dir
+    t0 = time.time()
+    eng = Engine(load_deepseek_v4_dir(path, require_tokenizer=False), threads=threads,
+                 n_ctx=max(depths) + PREFILL + gen + 128, weight_cache=cache)
+    load_s = time.time() - t0
+    ctx, cfg = eng.native_ctx, eng.native
+    rng = np.random.default_rng(1)
+    stream = [int(t) for t in rng.integers(2, eng.config.vocab_size, max(depths) + PREFILL + gen)]
+    out = {"load_s": load_s, "weight_cache": eng.native.weight_cache, "isa": ctx.isa,
+           "layer_bytes": [list(b) for b in cfg.layer_bytes()], "head_bytes": cfg.head_bytes, "depths": {}}
+    ctx.eval(stream[:8])  # warm-up, not recorded
+    ctx.rewind(0)
+    for d in depths:
+        if ctx.n_past < d:
+            ctx.eval(stream[ctx.n_past:d])
+        runs: dict[str, list] = {"tg": [], "pp": []}
+        for _ in range(repeat):
+            ctx.reset_stage_seconds()
+            for t in stream[d:d + gen]:
+                ctx.eval([t])
+            runs["tg"].append([s / gen for s in ctx.stage_seconds()])
+            ctx.rewind(d)
+            ctx.reset_stage_seconds()
+            ctx.eval(stream[d:d + PREFILL])
+            runs["pp"].append([s / PREFILL for s in ctx.stage_seconds()])
+            ctx.rewind(d)
+        # per stage, the median over repetitions of its seconds per token
+        out["depths"][str(d)] = {k: [statistics.median(r[i] for r in v) for i in range(len(v[0]))]
+                                 for k, v in runs.items()}
+    return out
+
+
+class DeepSeekV4Run:
+    def __init__(self, cfg, log=print):
+        self.cfg, self.log = cfg, log
+        self.threads, self.depths, self.gen, self.repeat = list(cfg.threads), list(cfg.depths), cfg.gen, cfg.repeat
+        self.experts = 16 if cfg.workload == "quick" else 256  # a smoke run's model is smaller
+
+    def execute(self) -> dict:
+        import harness
+        import roofline
+        cfg, log = self.cfg, self.log
+        models = Path(cfg.models_dir or Path.home() / ".cache" / "zen5" / "bench-models")
+        path = model_dir(models, self.experts, log)
+        if cfg.wait_quiet > 0:
+            harness.wait_until_quiet(cfg.wait_quiet, cfg.quiet_load, log)
+        tier = cfg.isa or "avx512"
+        run_id = datetime.datetime.now().isoformat(timespec="seconds")
+        cache = Path(cfg.out) / f".dsv4-cache-{os.getpid()}"
+        results, roofs, peer = {}, {}, {}
+        llama = self.llama(path, tier)
+        try:
+            for t in self.threads:
+                roofs[t] = roofline.measure(t, tier)
+                log(f"roofline {t}t: DRAM read {roofs[t]['read_dram_gbps']:.1f} GB/s, "
+                    f"int8 {roofline.int8_peak(roofs[t]):.0f} GOP/s")
+                args = [sys.executable, __file__, "--child", str(path), str(t), ",".join(map(str, self.depths)),
+                        str(self.gen), str(self.repeat), str(cache)]
+                env = dict(os.environ, **({"ZEN5_FORCE_ISA": cfg.isa} if cfg.isa else {}))
+                proc = subprocess.run(args, capture_output=True, text=True, env=env)
+                if proc.returncode:
+                    raise RuntimeError(f"the {t}-thread child failed:\n{proc.stderr[-3000:]}")
+                results[t] = json.loads(proc.stdout.strip().splitlines()[-1])
+                log(f"{t}t: loaded in {results[t]['load_s']:.1f} s (weight cache: {results[t]['weight_cache']})")
+                if llama:
+                    peer[t] = self.llama_times(llama, t)
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+        rows = self.rows(run_id, results, roofs, bench_config(self.experts))
+        rows += self.peer_rows(run_id, peer, llama, rows)
+        stem = Path(cfg.out) / cpu_name()
+        Path(cfg.out).mkdir(parents=True, exist_ok=True)
+        new = not Path(f"{stem}-dsv4.csv").exists()
+        with open(f"{stem}-dsv4.csv", "a", newline="") as fh:
+            w = csv.DictWriter(fh, COLUMNS)
+            if new:
+                w.writeheader()
+            w.writerows(rows)
+        text = projection(run_id, rows, self.depths)
+        Path(f"{stem}-dsv4-projection.md").write_text(text)
+        log(table(rows))
+        log(text)
+        return {"run_id": run_id, "rows": len(rows)}
+
+    def llama(self, path: Path, tier: str):
+        """(the llama-bench peer, the GGUF of `path`), or None when it is not built or asked for."""
+        import dsv4_llama
+        from peers import LlamaBench, cpu_flags, default_peers
+        if self.cfg.peers == ():
+            return None
+        names = [n for n in (self.cfg.peers or default_peers(tier, tier, cpu_flags())) if n.startswith("llama")]
+        try:
+            bench = LlamaBench(names[0]) if names else None
+        except (ValueError, FileNotFoundError) as e:
+            self.log(f"llama.cpp peer skipped: {e}")
+            return None
+        gguf = path.with_name(path.name + ".gguf")
+        if bench and not gguf.exists():
+            self.log(f"converting {path} for llama.cpp with its own converter (once) -> {gguf}")
+            tmp = gguf.with_name(gguf.name + f".tmp{os.getpid()}")
+            dsv4_llama.to_gguf(path, tmp)
+            tmp.rename(gguf)
+        return (bench, gguf) if bench else None
+
+    def llama_times(self, llama, threads: int) -> dict:
+        """{(depth, test): seconds per token} from llama-bench, the median of --repeat runs."""
+        bench, gguf = llama
+        out = {}
+        for d in (d for d in self.depths if d <= LLAMA_MAX_DEPTH):
+            cmd = [str(bench.exe), "-m", str(gguf), "-t", str(threads), "-r", str(self.repeat), "-o", "json",
+                   "-p", str(PREFILL), "-n", str(self.gen), "-d", str(d)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode:
+                raise RuntimeError(f"llama-bench failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+            for r in json.loads(proc.stdout):
+                test = f"pp{PREFILL}" if r["n_gen"] == 0 else "tg"
+                n = r["n_prompt"] if r["n_gen"] == 0 else r["n_gen"]
+                out[(d, test)] = statistics.median(r["samples_ns"]) / 1e9 / n
+            self.log(f"{bench.name} {threads}t depth {d}: pp{PREFILL} {1 / out[(d, f'pp{PREFILL}')]:.2f} tok/s, "
+                     f"tg {1 / out[(d, 'tg')]:.2f} tok/s")
+        return out
+
+    def peer_rows(self, run_id: str, peer: dict, llama, rows: list[dict]) -> list[dict]:
+        """llama.cpp's totals, with zen5's total rows' bytes and ops (the same model and tokens)."""
+        out = []
+        for r in rows:
+            if r["stage"] != "total" or (r["depth"], r["test"]) not in peer.get(r["threads"], {}):
+                continue
+            s = peer[r["threads"]][(r["depth"], r["test"])]
+            row = {k: r[k] for k in ("run_id", "date", "commit", "cpu", "threads", "depth", "test", "stage",
+                                     "read_dram_gbps", "int8_gops", "repeats")}
+            row.update(engine=llama[0].name, isa=llama[0].isa, seconds_per_token=f"{s:.6g}")
+            if r["test"] == "tg":
+                b = r["bytes_per_token"]
+                row.update(bytes_per_token=b, gbps=round(b / s / 1e9, 2),
+                           frac_dram_roof=round(b / s / 1e9 / r["read_dram_gbps"], 3))
+            else:
+                ops = r["gops"] * float(r["seconds_per_token"]) * 1e9
+                row.update(gops=round(ops / s / 1e9, 1), frac_int8_peak=round(ops / s / 1e9 / r["int8_gops"], 3))
+            out.append(row)
+        return out
+
+    def rows(self, run_id: str, results: dict, roofs: dict, cfg: dict) -> list[dict]:
+        import roofline
+        k = cfg["num_experts_per_tok"]
+        base = {"run_id": run_id, "date": run_id[:10], "commit": commit(), "cpu": cpu_name(), "repeats": self.repeat}
+        out = []
+        for t, res in results.items():
+            roof, peak = roofs[t]["read_dram_gbps"], roofline.int8_peak(roofs[t])
+            lb = res["layer_bytes"]
+            for d, tests in res["depths"].items():
+                for test, secs in tests.items():
+                    name = "tg" if test == "tg" else f"pp{PREFILL}"
+                    stages = []
+                    for i, ratio in enumerate(KINDS):
+                        attn_b = lb[i][0] + kv_bytes(cfg, ratio, int(d))
+                        ffn_b = lb[i][1] + k * lb[i][2]
+                        ops = matmul_ops(cfg, ratio)
+                        stages += [(f"attn_r{ratio}", secs[2 * i], attn_b, ops[0]),
+                                   (f"ffn_r{ratio}", secs[2 * i + 1], ffn_b, ops[1])]
+                    # the head runs once per eval: for the last token of a prefill only
+                    stages.append(("rest", secs[-1], res["head_bytes"] + 2 * cfg["hidden_size"],
+                                   2.0 * cfg["vocab_size"] * cfg["hidden_size"] / (1 if test == "tg" else PREFILL)))
+                    stages.append(("total", sum(s[1] for s in stages), sum(s[2] for s in stages),
+                                   sum(s[3] for s in stages)))
+                    for stage, s, b, ops in stages:
+                        row = dict(base, engine="zen5", isa=res["isa"], threads=t, depth=int(d), test=name, stage=stage,
+                                   seconds_per_token=f"{s:.6g}", read_dram_gbps=roof, int8_gops=round(peak, 1))
+                        if test == "tg":
+                            row.update(bytes_per_token=b, gbps=round(b / s / 1e9, 2),
+                                       frac_dram_roof=round(b / s / 1e9 / roof, 3))
+                        else:
+                            row.update(gops=round(ops / s / 1e9, 1), frac_int8_peak=round(ops / s / 1e9 / peak, 3))
+                        out.append(row)
+        return out
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'engine':16} {'thr':>3} {'depth':>6} {'test':6} {'stage':9} {'ms/token':>9} {'GB/s':>7} {'roof':>6} "
+             f"{'GOP/s':>7} {'int8 peak':>9}"]
+    for r in rows:
+        roof = f"{100 * r['frac_dram_roof']:5.1f}%" if r.get("frac_dram_roof") is not None else "     -"
+        peak = f"{100 * r['frac_int8_peak']:8.1f}%" if r.get("frac_int8_peak") is not None else "        -"
+        lines.append(f"{r['engine']:16} {r['threads']:>3} {r['depth']:>6} {r['test']:6} {r['stage']:9} "
+                     f"{1e3 * float(r['seconds_per_token']):9.3f} {r.get('gbps') or '-':>7} {roof} "
+                     f"{r.get('gops') or '-':>7} {peak}")
+    return "\n".join(lines)
+
+
+def projection(run_id: str, rows: list[dict], depths: list[int]) -> str:
+    """The full V4 Flash from the measured stages: here, and on the named Zen 5 (ZEN5)."""
+    flash = flash_config()
+    ratios = flash["compress_ratios"][:flash["num_hidden_layers"]]
+    count = {r: ratios.count(r) for r in KINDS}
+    z = ZEN5
+    z_bw = z["dram_peak_gbps"] * z["dram_sustained"]
+    z_int8 = z["cores"] * z["ghz"] * z["int8_ops_per_cycle"]  # GOP/s
+    by = {(r["threads"], r["depth"], r["test"], r["stage"]): r for r in rows if r["engine"] == "zen5"}
+    peer = {(r["threads"], r["depth"], r["test"]): r for r in rows if r["engine"] != "zen5"}
+    lines = [f"# DeepSeek V4 Flash projected from its real-width layers (run {run_id}, {cpu_name()})", "",
+             "Generated by `python -m zen5 bench --deepseek-v4` (bench/dsv4_bench.py); do not edit.", "",
+             f"Formula: a token's time = rest + sum over kinds of (layers of that kind x (attention + FFN "
+             f"half)), the stage times measured on the bench model's one layer per kind; V4 Flash has "
+             f"{count[0]} window-only, {count[4]} ratio-4 and {count[128]} ratio-128 layers. Bytes per token "
+             f"likewise (the matrices read, 6 of 256 experts, the KV rows at the depth).", "",
+             f"Named machine: {z['name']}. Assumed: DRAM read sustains {z['dram_sustained']:.0%} of "
+             f"{z['dram_peak_gbps']:.0f} GB/s = {z_bw:.0f} GB/s; int8 peak {z['cores']} cores x {z['ghz']} GHz x "
+             f"{z['int8_ops_per_cycle']} ops/cycle = {z_int8 / 1e3:.1f} TOP/s; zen5 reaches there the same "
+             "fractions of those roofs as measured here (decode: of DRAM bandwidth; prefill: of int8 "
+             "peak). Not measured, so not in the figures: 64-thread scaling and per-layer "
+             "synchronisation, NUMA placement, and whether 160 GB of weights stream like the bench "
+             "model's 12 GB. This machine cannot hold the real model (about 160 GB); its line is what "
+             "the measured speed gives if it could.", "",
+             "| threads | depth | test | bytes or ops / token | this machine | fraction of its roof | "
+             "projected on the named Zen 5 |", "|---|---|---|---|---|---|---|"]
+    for t in sorted({r["threads"] for r in rows}):
+        for d in depths:
+            for test in ("tg", f"pp{PREFILL}"):
+                if (t, d, test, "rest") not in by:
+                    continue
+                stage = lambda s: by[(t, d, test, s)]  # noqa: E731
+                secs = float(stage("rest")["seconds_per_token"])
+                for r in KINDS:
+                    secs += count[r] * (float(stage(f"attn_r{r}")["seconds_per_token"]) +
+                                        float(stage(f"ffn_r{r}")["seconds_per_token"]))
+                if test == "tg":
+                    b = stage("rest")["bytes_per_token"] + sum(
+                        count[r] * (stage(f"attn_r{r}")["bytes_per_token"] + stage(f"ffn_r{r}")["bytes_per_token"])
+                        for r in KINDS)
+                    frac = b / secs / 1e9 / stage("rest")["read_dram_gbps"]
+                    there = frac * z_bw * 1e9 / b
+                    amount = f"{b / 1e9:.2f} GB"
+                else:
+                    ops = 2.0 * flash["vocab_size"] * flash["hidden_size"] / PREFILL + sum(
+                        count[r] * sum(matmul_ops(flash, r)) for r in KINDS)
+                    frac = ops / secs / 1e9 / stage("rest")["int8_gops"]
+                    there = frac * z_int8 * 1e9 / ops
+                    amount = f"{ops / 1e9:.1f} GOP"
+                lines.append(f"| {t} | {d} | {'decode' if test == 'tg' else 'prefill ' + str(PREFILL)} | {amount} | "
+                             f"{1 / secs:.2f} tok/s | {frac:.1%} | {there:.0f} tok/s |")
+    if peer:
+        name = next(iter(peer.values()))["engine"]
+        lines += ["", f"The bench model itself (3 layers, real vocabulary), zen5 against {name} on the same "
+                  "checkpoint converted by llama.cpp's own converter, whole-model tok/s:", "",
+                  f"| threads | depth | test | zen5 | {name} | zen5 / llama.cpp |", "|---|---|---|---|---|---|"]
+        for (t, d, test), r in sorted(peer.items()):
+            z = 1 / float(by[(t, d, test, "total")]["seconds_per_token"])
+            p = 1 / float(r["seconds_per_token"])
+            lines.append(f"| {t} | {d} | {test} | {z:.2f} | {p:.2f} | {z / p:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
+    _, _, path, threads, depths, gen, repeat, cache = sys.argv
+    print(json.dumps(child(path, int(threads), [int(d) for d in depths.split(",")], int(gen), int(repeat), cache)))
