@@ -521,7 +521,7 @@ def run_cli(a: argparse.Namespace) -> int:
     else:
         head = Run(cfg, log=lambda m: print(m, flush=True)).execute()
     default_out = Path(cfg.out).resolve() == (ROOT / "bench" / "results").resolve()
-    if cfg.workload == "full" and default_out and not a.no_readme and not cfg.deepseek_v4:
+    if cfg.workload == "full" and default_out and not a.no_readme:
         import report
         log(f"README Performance section regenerated from {report.update_readme()}")
     print(json.dumps(head), flush=True)

@@ -9,7 +9,8 @@ peers), and replaces everything between `<!-- bench:start -->` and
 `<!-- bench:end -->` in README.md. Last, "Real model sizes" from `<stem>-real.csv` (`python -m
 zen5 bench --model-size 1.7b|8b`, bench/real_bench.py): per file, model size and weight type the
 latest full or custom run (the sizes and types may come from separate runs), a speed table and a
-load / memory table. `python -m zen5 bench` calls it after a full run into
+load / memory table. Then DeepSeek V4 Flash's projection, `<stem>-dsv4-projection.md` as written
+by `python -m zen5 bench --deepseek-v4` (bench/dsv4_bench.py). `python -m zen5 bench` calls it after a full run into
 bench/results; run it by hand after editing this file:
     python bench/report.py [--results DIR] [--readme README.md] [--print]
 """
@@ -137,9 +138,17 @@ def _roofs(results: Path, stem: str, run_id: str) -> list[dict]:
     return [r for r in _read(roof_path) if r["run_id"] == run_id] if roof_path.exists() else []
 
 
+def render_dsv4(path: Path) -> str:
+    """A `<stem>-dsv4-projection.md` (written by `python -m zen5 bench --deepseek-v4`), its title
+    a subsection here."""
+    text = path.read_text().strip()
+    return "### " + text[2:] if text.startswith("# ") else text
+
+
 def render(results: Path) -> str:
     tiers = tier_runs(results)
     real = [render_real(p, r) for p, r in real_runs(results)]
+    real += [render_dsv4(p) for p in sorted(results.glob("*-dsv4-projection.md"))]
     try:
         path, rows = latest_run(results)
     except FileNotFoundError:

@@ -278,7 +278,14 @@ PYBIND11_MODULE(_native, m) {
             for (const auto& b : p.model->layer_bytes()) out.append(py::make_tuple(b.attn, b.ffn, b.expert));
             return out;
         })
-        .def_property_readonly("head_bytes", [](const PyV4Model& p) { return p.model->head_bytes(); });
+        .def_property_readonly("head_bytes", [](const PyV4Model& p) { return p.model->head_bytes(); })
+        // routed experts, packed on first use: bytes packed so far, bytes when all are
+        .def_property_readonly("expert_bytes_packed", [](const PyV4Model& p) { return p.model->expert_bytes_packed(); })
+        .def_property_readonly("expert_bytes_total", [](const PyV4Model& p) { return p.model->expert_bytes_total(); })
+        .def("prepare_all_experts", [](const PyV4Model& p) {
+            py::gil_scoped_release nogil;
+            p.model->prepare_all_experts();
+        });
 
     // The same methods as Context, so zen5.engine drives either.
     py::class_<V4Context> v4context(m, "DeepSeekV4Context");

@@ -548,8 +548,12 @@ void V4Context::moe(int l, int n, const int32_t* tokens, const float* x, float* 
     std::fill(out, out + size_t(n) * D, 0.0f);
     float* xs = tmp2_.data();
     float* ys = tmp_.data();
+    std::vector<int> used(ids);
+    std::sort(used.begin(), used.end());
+    used.erase(std::unique(used.begin(), used.end()), used.end());
+    model_->prepare_experts(l, used);  // packs those routed to for the first time
     // experts in id order: a token adds its experts' outputs in ascending id order whatever its batch
-    for (int e = 0; e < E; ++e) {
+    for (int e : used) {
         std::vector<std::pair<int, float>> who;
         for (int t = 0; t < n; ++t)
             for (int k = 0; k < K; ++k)
@@ -557,10 +561,11 @@ void V4Context::moe(int l, int n, const int32_t* tokens, const float* x, float* 
         if (who.empty()) continue;
         const int m = int(who.size());
         for (int i = 0; i < m; ++i) std::memcpy(xs + size_t(i) * D, x + size_t(who[i].first) * D, sizeof(float) * D);
-        matmul(L.w1[e], xs, m, D, ffn_g_.data(), F);
-        matmul(L.w3[e], xs, m, D, ffn_u_.data(), F);
+        const V4Expert& X = model_->expert(l, e);
+        matmul(X.w1, xs, m, D, ffn_g_.data(), F);
+        matmul(X.w3, xs, m, D, ffn_u_.data(), F);
         swiglu(m);
-        matmul(L.w2[e], ffn_g_.data(), m, F, ys, D);
+        matmul(X.w2, ffn_g_.data(), m, F, ys, D);
         for (int i = 0; i < m; ++i) k_.axpy(who[i].second, ys + size_t(i) * D, out + size_t(who[i].first) * D, D);
     }
     matmul(L.sw1, x, n, D, ffn_g_.data(), F);

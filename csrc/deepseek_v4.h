@@ -14,6 +14,8 @@
 //  - the QAT simulations of the official model (FP8 on KV rows, Hadamard + FP4 in the indexer),
 //    switched off to compare with transformers, which leaves them out.
 #pragma once
+#include <atomic>
+#include <mutex>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -69,6 +71,9 @@ struct V4Layer {
     WeightView sw1, sw2, sw3;            // shared expert
 };
 
+// A routed expert's three matrices in the matmuls' layout (V4Model::expert).
+struct V4Expert { WeightView w1, w2, w3; };
+
 // safetensors dtypes of the official checkpoint beyond kernels.h's: the E8M0 scale tensors.
 // (F8_E4M3 is kTypeFP8; the I8 tensors of packed e2m1 pairs arrive as kTypeMXFP4.)
 constexpr int kTypeE8M0 = 1002;
@@ -98,6 +103,18 @@ class V4Model {
     size_t head_bytes() const;
     const ArenaCache& weight_cache() const { return cache_; }
 
+    // Routed experts are packed the first time a token is routed to them, not at load: they are
+    // most of the model (V4 Flash: 33,024 experts, 147 of its 160 GB), so a load packs only the
+    // rest, and the experts' file pages stay untouched until used (a model larger than RAM opens,
+    // and runs as far as the experts it routes to fit). Each is packed once, over the pool, into
+    // memory of its own; its file pages are then released like a load's. prepare_experts packs
+    // those of `ids` (in layer l) not yet packed; expert() is valid for them afterwards.
+    void prepare_experts(int l, const std::vector<int>& ids) const;
+    void prepare_all_experts() const;  // every expert of every layer (a warm-up, the bench)
+    const V4Expert& expert(int l, int e) const { return slots_[l][e].view; }
+    size_t expert_bytes_packed() const { return expert_bytes_.load(); }
+    size_t expert_bytes_total() const;  // all experts packed
+
   private:
     size_t arena_bytes_ = 0;
     std::vector<std::unique_ptr<std::vector<float>>> floats_;  // vectors converted to F32
@@ -106,6 +123,16 @@ class V4Model {
     std::vector<std::unique_ptr<PackedWeights>> packed_;  // FP8 (as Q8_0) and MXFP4 matrices
     std::vector<std::unique_ptr<FloatPanels>> panels_;
     ArenaCache cache_;  // after arena_: destroyed first (model.h)
+    struct ExpertSlot {
+        std::atomic<bool> ready{false};  // set (release) once view's memory is filled
+        V4Expert view;
+        AlignedBytes mem;
+        std::unique_ptr<PackedWeights> packed[3];
+        std::unique_ptr<FloatPanels> panels[3];
+    };
+    mutable std::vector<std::unique_ptr<ExpertSlot[]>> slots_;  // (n_layers, n_experts)
+    mutable std::mutex expert_mu_;                               // one packer at a time
+    mutable std::atomic<size_t> expert_bytes_{0};
 };
 
 // The QAT simulations (exposed for the tests' bit-exact checks against numpy + ml_dtypes).
@@ -199,9 +226,10 @@ class V4Context {
     std::vector<float> logits_;
     std::vector<int32_t> experts_, selected_;
     std::vector<double> stage_s_;
-    // scratch, per chunk
-    std::vector<float> X_, xn_, col_, out_, post_, comb_, qa_, q_, kv_, att_, oa_, iq_, iw_, tmp_, tmp2_;
-    std::vector<float> ckv_, cg_, ffn_g_, ffn_u_, rlog_;
+    // scratch, per chunk (ZeroedArray: resident only where written, so a decode-only context
+    // does not hold the 512-token chunk's ~280 MB at V4 Flash's widths)
+    ZeroedArray<float> X_, xn_, col_, out_, post_, comb_, qa_, q_, kv_, att_, oa_, iq_, iw_, tmp_, tmp2_;
+    ZeroedArray<float> ckv_, cg_, ffn_g_, ffn_u_, rlog_;
     // the activations of an int8 matmul (FP8 / MXFP4 weights), QuantAct's arrays
     std::vector<int8_t> act_q_;
     std::vector<float> act_d_, act_ds_;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "deepseek_v4.h"
 
@@ -185,9 +186,18 @@ V4Model::V4Model(V4Config c, const std::vector<TensorIn>& tensors, std::vector<f
             mats.push_back(w);
         if (L.ratio) mats.insert(mats.end(), {&L.comp.wkv, &L.comp.wgate});
         if (L.ratio == 4) mats.insert(mats.end(), {&L.icomp.wkv, &L.icomp.wgate, &L.iwq_b, &L.iweights});
-        for (auto* v : {&L.w1, &L.w2, &L.w3})
-            for (WeightView& w : *v) mats.push_back(&w);
     }
+    // The routed experts are packed on first use (prepare_experts); here they enter the
+    // fingerprint by samples only (pack_and_hash), so a load reads none of their bytes.
+    std::set<const uint8_t*> lazy;
+    for (const V4Layer& L : layers)
+        for (auto* v : {&L.w1, &L.w2, &L.w3})
+            for (const WeightView& w : *v) {
+                lazy.insert(w.data);
+                if (w.scales) lazy.insert(w.scales);
+            }
+    slots_.resize(layers.size());
+    for (auto& s : slots_) s.reset(new ExpertSlot[cfg.n_experts]);
     // (packed below, with the fingerprint: pack_and_hash, one pass over the file that releases
     // its pages as they are copied; the embedding's rows fault back in as tokens are looked up)
     uint64_t h = hash_bytes("deepseek_v4", 11, 0x7A656E35);
@@ -204,7 +214,7 @@ V4Model::V4Model(V4Config c, const std::vector<TensorIn>& tensors, std::vector<f
     // an int8 matmul reads 16-row groups: the grouped output projection starts a group per o_rank
     for (const V4Layer& L : layers)
         if (L.wo_a.type == kTypeFP8 && cfg.o_rank % 16) throw BadModel("FP8 wo_a needs o_lora_rank % 16 == 0");
-    h = pack_and_hash(b.by, mats, h, arena_, packed_, panels_, pool, cache_);
+    h = pack_and_hash(b.by, mats, h, arena_, packed_, panels_, pool, cache_, &lazy);
     for (const auto& [name, t] : b.by) n_params += t->elements();
     fingerprint = h;
 }
@@ -222,6 +232,76 @@ std::vector<V4Model::LayerBytes> V4Model::layer_bytes() const {
         out.push_back(b);
     }
     return out;
+}
+
+void V4Model::prepare_experts(int l, const std::vector<int>& ids) const {
+    ExpertSlot* slots = slots_[l].get();
+    bool all = true;
+    for (int e : ids) all = all && slots[e].ready.load(std::memory_order_acquire);
+    if (all) return;  // the common case once warm: no lock
+    std::lock_guard<std::mutex> lock(expert_mu_);
+    struct Job { const WeightView* src; const WeightView* dst; uint8_t* at; };
+    std::vector<Job> jobs;
+    std::vector<int> fresh;
+    for (int e : ids) {
+        ExpertSlot& s = slots[e];
+        if (s.ready.load(std::memory_order_acquire) || std::find(fresh.begin(), fresh.end(), e) != fresh.end()) continue;
+        const V4Layer& L = layers[l];
+        const WeightView* src[3] = {&L.w1[e], &L.w2[e], &L.w3[e]};
+        WeightView* dst[3] = {&s.view.w1, &s.view.w2, &s.view.w3};
+        size_t total = 0;
+        for (const WeightView* w : src) total += owned_bytes(*w);
+        s.mem = alloc_zeroed(total);
+        uint8_t* at = s.mem.get();
+        for (int i = 0; i < 3; ++i) {  // the layout's fields now (no rows), the rows over the pool
+            *dst[i] = *src[i];
+            if (packed_bytes(*src[i])) {
+                s.packed[i] = std::make_unique<PackedWeights>();
+                pack_into(*src[i], *s.packed[i], at, 0, 0);
+                dst[i]->packed = s.packed[i].get();
+            } else {
+                s.panels[i] = std::make_unique<FloatPanels>();
+                pack_float_panels(*src[i], *s.panels[i], at, 0, 0);
+                dst[i]->panels = s.panels[i].get();
+            }
+            jobs.push_back({src[i], dst[i], at});
+            at += owned_bytes(*src[i]);
+        }
+        expert_bytes_ += total;
+        fresh.push_back(e);
+    }
+    // tasks of 64 rows (a panel band; a row's bytes are its own in either layout)
+    std::vector<std::pair<int, int64_t>> tasks;
+    for (size_t j = 0; j < jobs.size(); ++j)
+        for (int64_t r = 0; r < jobs[j].src->rows; r += kPanelRows) tasks.push_back({int(j), r});
+    pool.run(int(tasks.size()), [&](int t, int) {
+        const Job& j = jobs[tasks[t].first];
+        const int64_t r0 = tasks[t].second, r1 = std::min(j.src->rows, r0 + kPanelRows);
+        if (j.dst->packed) {
+            PackedWeights p;
+            pack_into(*j.src, p, j.at, r0, r1);
+        } else {
+            FloatPanels p;
+            pack_float_panels(*j.src, p, j.at, r0, r1);
+        }
+    });
+    const FileMaps maps;
+    for (const Job& j : jobs) maps.release(j.src->data, size_t(j.src->rows) * j.src->row_bytes);
+    for (int e : fresh) slots[e].ready.store(true, std::memory_order_release);
+}
+
+void V4Model::prepare_all_experts() const {
+    std::vector<int> all(cfg.n_experts);
+    for (int e = 0; e < cfg.n_experts; ++e) all[e] = e;
+    for (int l = 0; l < cfg.n_layers; ++l) prepare_experts(l, all);
+}
+
+size_t V4Model::expert_bytes_total() const {
+    size_t n = 0;
+    for (const V4Layer& L : layers)
+        for (auto* v : {&L.w1, &L.w2, &L.w3})
+            for (const WeightView& w : *v) n += owned_bytes(w);
+    return n;
 }
 
 size_t V4Model::head_bytes() const { return owned_bytes(head) + owned_bytes(hc_head.fn); }

@@ -244,7 +244,8 @@ size_t owned_bytes(const WeightView& w) {
 
 uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name, const std::vector<WeightView*>& mats,
                        uint64_t h, AlignedBytes& arena, std::vector<std::unique_ptr<PackedWeights>>& packed,
-                       std::vector<std::unique_ptr<FloatPanels>>& panels, ThreadPool& pool, ArenaCache& cache) {
+                       std::vector<std::unique_ptr<FloatPanels>>& panels, ThreadPool& pool, ArenaCache& cache,
+                       const std::set<const uint8_t*>* sampled) {
     // Every matrix the matmuls read lives in one arena: quantized ones repacked (PackedWeights),
     // F32/F16/BF16 in panels (FloatPanels). One allocation because only a 2 MiB-aligned block
     // gets huge pages, and most matrices here are smaller than 2 MiB (allocated one by one, only
@@ -296,11 +297,25 @@ uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name, co
     for (auto& [w, dst] : others) pack_rows(w, dst, 0, w->rows);  // owned copies (converted vectors)
 
     const FileMaps maps;
+    // a sampled tensor's ends: the reads' fault-around maps up to 64 KiB beside each (590 MB over
+    // V4 Flash's first 3 layers), and so does a neighbour's last stripe
+    auto release_ends = [&](const TensorIn* t) {
+        const size_t near = std::min<size_t>(128 << 10, t->nbytes);
+        maps.release(t->data, near);
+        maps.release(t->data + t->nbytes - near, near);
+    };
     constexpr size_t kStripe = size_t(4) << 20;  // file bytes per step
     for (const auto& [name, t] : by_name) {
         h = hash_bytes(name.data(), name.size(), h);
         h = hash_bytes(&t->type, sizeof t->type, h);
         h = hash_bytes(t->shape.data(), t->shape.size() * 8, h);
+        if (sampled && sampled->count(t->data)) {
+            const size_t k = std::min<size_t>(256, t->nbytes);
+            h = hash_bytes(t->data, k, h);
+            h = hash_bytes(t->data + t->nbytes - k, k, h);
+            release_ends(t);
+            continue;
+        }
         StreamHash sh(h, t->nbytes);
         auto it = at_of.find(t->data);
         if (it == at_of.end()) {  // not a matrix of the arena: hash it and drop its pages
@@ -333,7 +348,10 @@ uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name, co
     // Once more over the whole file, now that nothing reads it: a page fault maps the pages
     // around it that are in the page cache too (fault-around, 64 KiB), so starting on a stripe
     // re-mapped the tail of the one released before it (13 of SmolLM2's 94 MB stayed resident).
-    for (const auto& [name, t] : by_name) maps.release(t->data, t->nbytes);
+    for (const auto& [name, t] : by_name) {
+        if (sampled && sampled->count(t->data)) release_ends(t);
+        else maps.release(t->data, t->nbytes);
+    }
     cache.write(arena.get(), total, seed, h);
     return h;
 }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -88,11 +89,14 @@ class FileMaps {
 // a few MiB that are hashed, packed where a matrix reads them and released (FileMaps), so the
 // resident file pages at any moment are one stripe, not the file; the pool's threads pack each
 // stripe. Returns the hash. With a matching cache file the arena is mapped from it instead, and
-// after packing the arena is written to it (arena_cache.h).
+// after packing the arena is written to it (arena_cache.h). Tensors whose data is in `sampled`
+// (packed later, on first use) enter the hash by name, type, shape and their first and last
+// 256 bytes only, and are neither read further nor released.
 uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name,
                        const std::vector<WeightView*>& mats, uint64_t h, AlignedBytes& arena,
                        std::vector<std::unique_ptr<PackedWeights>>& packed,
-                       std::vector<std::unique_ptr<FloatPanels>>& panels, ThreadPool& pool, ArenaCache& cache);
+                       std::vector<std::unique_ptr<FloatPanels>>& panels, ThreadPool& pool, ArenaCache& cache,
+                       const std::set<const uint8_t*>* sampled = nullptr);
 
 
 struct Config {

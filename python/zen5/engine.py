@@ -152,12 +152,16 @@ class Engine:
         self.qat, self.matmul = bool(qat), "f32"
         main, compress = self.config.rope_tables()
         tensors = weights.native_tensors()
-        # the arena: every matrix but the embedding, float ones in panels, FP8 / MXFP4 repacked
-        # (an MXFP4 tensor holds two columns per byte)
-        arena = sum(_native.owned_matrix_bytes(_native.dtype_id(d), shape[0], shape[1] * (2 if d == "MXFP4" else 1))
-                    for name, d, shape, _ in tensors
-                    if len(shape) == 2 and d in ("F32", "F16", "BF16", "F8_E4M3", "MXFP4") and name != "embed.weight")
-        memory.check_fits(arena, 0, self.n_ctx, "f32", weights.metadata.get("path"))
+        # the arena: every matrix but the embedding and the routed experts, float ones in panels,
+        # FP8 / MXFP4 repacked (an MXFP4 tensor holds two columns per byte); the routed experts are
+        # packed on first use (V4Model::prepare_experts), and counted here so a model whose experts
+        # cannot all be packed is refused now, not when a token is routed to one too many
+        sizes = {name: _native.owned_matrix_bytes(_native.dtype_id(d), shape[0], shape[1] * (2 if d == "MXFP4" else 1))
+                 for name, d, shape, _ in tensors
+                 if len(shape) == 2 and d in ("F32", "F16", "BF16", "F8_E4M3", "MXFP4") and name != "embed.weight"}
+        experts = sum(n for name, n in sizes.items() if ".ffn.experts." in name)
+        arena = sum(sizes.values()) - experts
+        memory.check_fits(arena + experts, 0, self.n_ctx, "f32", weights.metadata.get("path"))
         self.native = self._build(_native.DeepSeekV4Model, arena, self.config.to_native(), tensors, main, compress,
                                   self.threads)
         self.native_ctx = _native.DeepSeekV4Context(self.native, self.n_ctx, isa or "", self.qat)
@@ -421,6 +425,10 @@ class Engine:
             # the weight arena (what the matmuls read; the file's pages are released) and the
             # KV cache: reserved for the whole context, resident only for the positions used
             "weight_bytes": int(self.native.weight_bytes),
+            # DeepSeek V4's routed experts, outside the arena: packed on first use
+            **({"expert_bytes_packed": int(self.native.expert_bytes_packed),
+                "expert_bytes_total": int(self.native.expert_bytes_total)}
+               if hasattr(self.native, "expert_bytes_total") else {}),
             "weight_cache": self.weight_cache["status"],
             **({"kv_bytes_reserved": int(self.native_ctx.kv_bytes_reserved),
                 "kv_bytes_resident": int(self.native_ctx.kv_bytes_resident)}

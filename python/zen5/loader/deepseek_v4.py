@@ -118,10 +118,13 @@ def _compressor(q: str, ratio: int, dim: int, d: int) -> dict:
 
 # --- the directory ------------------------------------------------------------------------------
 
-def load_deepseek_v4_dir(folder, cfg: dict | None = None, require_tokenizer: bool = True) -> DeepSeekV4Weights:
+def load_deepseek_v4_dir(folder, cfg: dict | None = None, require_tokenizer: bool = True,
+                         layers: int | None = None) -> DeepSeekV4Weights:
     """Load a DeepSeek V4 directory. `cfg`: its config.json dict when already read.
     `require_tokenizer=False` allows a directory without tokenizer.json (tokenizer None), e.g. the
-    tiny random test checkpoints; by default it is refused, like every safetensors directory."""
+    tiny random test checkpoints; by default it is refused, like every safetensors directory.
+    `layers=k`: only the first k layers, the head right after them (a truncated model, not the
+    checkpoint's: for tests and benchmarks of a few real-size layers out of a full checkpoint)."""
     folder = os.fspath(folder)
     if cfg is None:
         cfg_path = os.path.join(folder, "config.json")
@@ -129,8 +132,15 @@ def load_deepseek_v4_dir(folder, cfg: dict | None = None, require_tokenizer: boo
             raise BadModelFile(folder, "not a model directory (no config.json)")
         with open(cfg_path, encoding="utf-8") as f:
             cfg = json.load(f)
+    if layers is not None:
+        if not 0 < layers <= cfg.get("num_hidden_layers", 0):
+            raise ValueError(f"layers must be in 1..{cfg.get('num_hidden_layers')}, got {layers}")
+        cfg = dict(cfg, num_hidden_layers=layers, compress_ratios=list(cfg.get("compress_ratios", []))[:layers],
+                   num_hash_layers=min(layers, cfg.get("num_hash_layers", 0)))
     config = DeepSeekV4Config.from_hf(cfg, folder)
     raw, ignored = _read_all(folder)
+    if layers is not None:
+        raw = {n: v for n, v in raw.items() if not n.startswith("layers.") or int(n.split(".")[1]) < layers}
     tensors = _validate(config, raw, folder)
     if ignored:
         log.info("%s: ignoring %d MTP tensor(s) (mtp.*): zen5 does not run the optional MTP head",
