@@ -449,18 +449,30 @@ void V4Context::attention(int l, int n, const float* x, float* out) {
     std::vector<int> nsel(n, 0);
     if (r == 4) {
         const float hscale = 1.0f / std::sqrt(float(IH)), dscale = 1.0f / std::sqrt(float(id));
-        model_->pool.run(n, [&](int t, int) {
-            const int p = n_past_ + t, vis = (p + 1) / 4;
-            std::vector<std::pair<float, int>> sc(vis);
-            for (int si = 0; si < vis; ++si) {
+        // scores in tasks of (token, 256 rows), so a decoded token's thousands of rows use every
+        // thread; then each token's top-k
+        constexpr int kRows = 256;
+        std::vector<std::vector<std::pair<float, int>>> scores(n);
+        std::vector<std::pair<int, int>> parts;  // (token, first row)
+        for (int t = 0; t < n; ++t) {
+            scores[t].resize((n_past_ + t + 1) / 4);
+            for (int si = 0; si < int(scores[t].size()); si += kRows) parts.push_back({t, si});
+        }
+        model_->pool.run(int(parts.size()), [&](int task, int) {
+            const int t = parts[task].first, vis = int(scores[t].size());
+            for (int si = parts[task].second; si < std::min(vis, parts[task].second + kRows); ++si) {
                 const float* k = s.idx.data() + size_t(si) * id;
                 float total = 0.0f;
                 for (int h = 0; h < IH; ++h) {
                     const float d = k_.dot(iq_.data() + (size_t(t) * IH + h) * id, k, id);
                     total += std::max(d, 0.0f) * dscale * (iw_[size_t(t) * IH + h] * hscale);
                 }
-                sc[si] = {total, si};
+                scores[t][si] = {total, si};
             }
+        });
+        model_->pool.run(n, [&](int t, int) {
+            std::vector<std::pair<float, int>>& sc = scores[t];
+            const int vis = int(sc.size());
             const int k = std::min(c.index_topk, vis);
             std::partial_sort(sc.begin(), sc.begin() + k, sc.end(), [](const auto& a, const auto& b) {
                 return a.first > b.first || (a.first == b.first && a.second < b.second);
@@ -477,26 +489,41 @@ void V4Context::attention(int l, int n, const float* x, float* out) {
         for (int i = 0; i < nsel[t]; ++i) rec[i] = sel[size_t(t) * topk + i];
     }
     // Attention per (token, head): raw window rows then compressed rows, a sink in the
-    // denominator, values = keys; inverse RoPE on the output's tail.
+    // denominator, values = keys; inverse RoPE on the output's tail. Every head reads the same
+    // rows (one K=V head), so a task takes kHeads heads of a token and walks the rows once, each
+    // row feeding kHeads dot products (then axpys) from L1 instead of being read again per head;
+    // a head's arithmetic, and its order, is the same as alone.
+    constexpr int kHeads = 8;
+    const int groups = (H + kHeads - 1) / kHeads;
     const float scale = 1.0f / std::sqrt(float(hd));
-    model_->pool.run(n * H, [&](int task, int) {
-        const int t = task / H, h = task % H, p = n_past_ + t;
-        const float* qh = q_.data() + size_t(t) * qd + size_t(h) * hd;
+    model_->pool.run(n * groups, [&](int task, int) {
+        const int t = task / groups, h0 = task % groups * kHeads, nh = std::min(H, h0 + kHeads) - h0;
+        const int p = n_past_ + t;
         const int lo = std::max(0, p - c.window + 1), nraw = p - lo + 1;
         const int ncomp = r == 4 ? nsel[t] : r ? (p + 1) / r : 0;
-        std::vector<const float*> keys(size_t(nraw + ncomp));
+        const size_t nk = size_t(nraw + ncomp);
+        std::vector<const float*> keys(nk);
         for (int i = 0; i < nraw; ++i) keys[i] = s.raw.data() + size_t(lo + i) * hd;
         for (int i = 0; i < ncomp; ++i)
             keys[nraw + i] = s.comp.data() + size_t(r == 4 ? sel[size_t(t) * topk + i] : i) * hd;
-        std::vector<float> sc(keys.size());
-        float mx = L.sink[h];
-        for (size_t i = 0; i < keys.size(); ++i) mx = std::max(mx, sc[i] = k_.dot(qh, keys[i], hd) * scale);
-        float sum = std::exp(L.sink[h] - mx);
-        for (float& v : sc) sum += (v = std::exp(v - mx));
-        float* o = att_.data() + size_t(t) * qd + size_t(h) * hd;
-        std::fill(o, o + hd, 0.0f);
-        for (size_t i = 0; i < keys.size(); ++i) k_.axpy(sc[i] / sum, keys[i], o, hd);
-        rope(o, hd, f, p, true);
+        const float* q0 = q_.data() + size_t(t) * qd + size_t(h0) * hd;
+        float* o0 = att_.data() + size_t(t) * qd + size_t(h0) * hd;
+        std::vector<float> sc(nk * nh);  // (head, row)
+        for (size_t i = 0; i < nk; ++i)
+            for (int j = 0; j < nh; ++j) sc[j * nk + i] = k_.dot(q0 + size_t(j) * hd, keys[i], hd) * scale;
+        std::vector<float> inv(nh);
+        for (int j = 0; j < nh; ++j) {
+            float* v = sc.data() + j * nk;
+            float mx = L.sink[h0 + j];
+            for (size_t i = 0; i < nk; ++i) mx = std::max(mx, v[i]);
+            float sum = std::exp(L.sink[h0 + j] - mx);
+            for (size_t i = 0; i < nk; ++i) sum += (v[i] = std::exp(v[i] - mx));
+            inv[j] = sum;
+        }
+        std::fill(o0, o0 + size_t(nh) * hd, 0.0f);
+        for (size_t i = 0; i < nk; ++i)
+            for (int j = 0; j < nh; ++j) k_.axpy(sc[j * nk + i] / inv[j], keys[i], o0 + size_t(j) * hd, hd);
+        for (int j = 0; j < nh; ++j) rope(o0 + size_t(j) * hd, hd, f, p, true);
     });
     // grouped low-rank output: group g's heads through its rows of wo_a, then wo_b
     const int G = c.o_groups, gin = qd / G, orow = G * c.o_rank;
