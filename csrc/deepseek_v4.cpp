@@ -459,15 +459,22 @@ void V4Context::attention(int l, int n, const float* x, float* out) {
             for (int si = 0; si < int(scores[t].size()); si += kRows) parts.push_back({t, si});
         }
         model_->pool.run(int(parts.size()), [&](int task, int) {
-            const int t = parts[task].first, vis = int(scores[t].size());
-            for (int si = parts[task].second; si < std::min(vis, parts[task].second + kRows); ++si) {
-                const float* k = s.idx.data() + size_t(si) * id;
+            // the chunk's rows as key tiles, every head's dot products by the tier's score kernel
+            const int t = parts[task].first, s0 = parts[task].second;
+            const int cnt = std::min(int(scores[t].size()) - s0, kRows), padded = (cnt + kKeyTile - 1) / kKeyTile * kKeyTile;
+            thread_local std::vector<float> rows, tiles, dots;
+            rows.assign(size_t(padded) * id, 0.0f);
+            tiles.resize(size_t(padded) * id);
+            dots.resize(size_t(IH) * cnt);
+            std::memcpy(rows.data(), s.idx.data() + size_t(s0) * id, sizeof(float) * cnt * id);
+            copy_key_tiles(tiles.data(), rows.data(), padded, id, false);
+            k_.attn_scores(iq_.data() + size_t(t) * IH * id, IH, tiles.data(), int64_t(kKeyTile) * id, cnt, id, 1.0f,
+                           dots.data(), cnt);
+            for (int i = 0; i < cnt; ++i) {
                 float total = 0.0f;
-                for (int h = 0; h < IH; ++h) {
-                    const float d = k_.dot(iq_.data() + (size_t(t) * IH + h) * id, k, id);
-                    total += std::max(d, 0.0f) * dscale * (iw_[size_t(t) * IH + h] * hscale);
-                }
-                scores[t][si] = {total, si};
+                for (int h = 0; h < IH; ++h)
+                    total += std::max(dots[size_t(h) * cnt + i], 0.0f) * dscale * (iw_[size_t(t) * IH + h] * hscale);
+                scores[t][s0 + i] = {total, s0 + i};
             }
         });
         model_->pool.run(n, [&](int t, int) {
@@ -490,40 +497,54 @@ void V4Context::attention(int l, int n, const float* x, float* out) {
     }
     // Attention per (token, head): raw window rows then compressed rows, a sink in the
     // denominator, values = keys; inverse RoPE on the output's tail. Every head reads the same
-    // rows (one K=V head), so a task takes kHeads heads of a token and walks the rows once, each
-    // row feeding kHeads dot products (then axpys) from L1 instead of being read again per head;
-    // a head's arithmetic, and its order, is the same as alone.
-    constexpr int kHeads = 8;
-    const int groups = (H + kHeads - 1) / kHeads;
+    // rows (one K=V head), so a task gathers a token's rows once, as rows and as transposed key
+    // tiles (kernels.h kKeyTile), and runs the tier's attention kernels for a group of its
+    // heads: scores with the rows in the lanes, then the values with the channels in the lanes,
+    // each row feeding every head of the group from L1. A head's result does not depend on the
+    // group (the kernels' contract), so decode's groups of 8 heads (enough tasks for the
+    // threads) and prefill's whole tokens give the same bits.
+    const int per = n >= 2 * model_->pool.size() ? H : 8, groups = (H + per - 1) / per;
     const float scale = 1.0f / std::sqrt(float(hd));
-    model_->pool.run(n * groups, [&](int task, int) {
-        const int t = task / groups, h0 = task % groups * kHeads, nh = std::min(H, h0 + kHeads) - h0;
-        const int p = n_past_ + t;
-        const int lo = std::max(0, p - c.window + 1), nraw = p - lo + 1;
+    struct Rows { std::vector<float> rows, tiles; int nk = 0; };
+    auto gather = [&](int t, Rows& g) {  // token t's rows, zero-padded to whole tiles, and their tiles
+        const int p = n_past_ + t, lo = std::max(0, p - c.window + 1), nraw = p - lo + 1;
         const int ncomp = r == 4 ? nsel[t] : r ? (p + 1) / r : 0;
-        const size_t nk = size_t(nraw + ncomp);
-        std::vector<const float*> keys(nk);
-        for (int i = 0; i < nraw; ++i) keys[i] = s.raw.data() + size_t(lo + i) * hd;
+        g.nk = nraw + ncomp;
+        const int padded = (g.nk + kKeyTile - 1) / kKeyTile * kKeyTile;
+        g.rows.resize(size_t(padded) * hd);
+        g.tiles.resize(size_t(padded) * hd);
+        std::memcpy(g.rows.data(), s.raw.data() + size_t(lo) * hd, sizeof(float) * nraw * hd);
         for (int i = 0; i < ncomp; ++i)
-            keys[nraw + i] = s.comp.data() + size_t(r == 4 ? sel[size_t(t) * topk + i] : i) * hd;
-        const float* q0 = q_.data() + size_t(t) * qd + size_t(h0) * hd;
-        float* o0 = att_.data() + size_t(t) * qd + size_t(h0) * hd;
-        std::vector<float> sc(nk * nh);  // (head, row)
-        for (size_t i = 0; i < nk; ++i)
-            for (int j = 0; j < nh; ++j) sc[j * nk + i] = k_.dot(q0 + size_t(j) * hd, keys[i], hd) * scale;
-        std::vector<float> inv(nh);
-        for (int j = 0; j < nh; ++j) {
-            float* v = sc.data() + j * nk;
+            std::memcpy(g.rows.data() + size_t(nraw + i) * hd,
+                        s.comp.data() + size_t(r == 4 ? sel[size_t(t) * topk + i] : i) * hd, sizeof(float) * hd);
+        std::fill(g.rows.begin() + size_t(g.nk) * hd, g.rows.begin() + size_t(padded) * hd, 0.0f);
+        copy_key_tiles(g.tiles.data(), g.rows.data(), padded, hd, false);
+    };
+    // a decoded token's rows are gathered once for all its head groups; otherwise by each task
+    static thread_local Rows one;
+    if (n == 1) gather(0, one);
+    model_->pool.run(n * groups, [&](int task, int) {
+        const int t = task / groups, h0 = task % groups * per, nh = std::min(H, h0 + per) - h0;
+        thread_local Rows own;
+        Rows& g = n == 1 ? one : own;
+        if (n != 1) gather(t, g);
+        const int nk = g.nk;
+        thread_local std::vector<float> sc;
+        sc.resize(size_t(nh) * nk);
+        k_.attn_scores(q_.data() + size_t(t) * qd + size_t(h0) * hd, nh, g.tiles.data(), int64_t(kKeyTile) * hd, nk,
+                       hd, scale, sc.data(), nk);
+        for (int j = 0; j < nh; ++j) {  // softmax with the head's sink in the denominator
+            float* v = sc.data() + size_t(j) * nk;
             float mx = L.sink[h0 + j];
-            for (size_t i = 0; i < nk; ++i) mx = std::max(mx, v[i]);
+            for (int i = 0; i < nk; ++i) mx = std::max(mx, v[i]);
             float sum = std::exp(L.sink[h0 + j] - mx);
-            for (size_t i = 0; i < nk; ++i) sum += (v[i] = std::exp(v[i] - mx));
-            inv[j] = sum;
+            for (int i = 0; i < nk; ++i) sum += (v[i] = std::exp(v[i] - mx));
+            for (int i = 0; i < nk; ++i) v[i] /= sum;
         }
+        float* o0 = att_.data() + size_t(t) * qd + size_t(h0) * hd;
         std::fill(o0, o0 + size_t(nh) * hd, 0.0f);
-        for (size_t i = 0; i < nk; ++i)
-            for (int j = 0; j < nh; ++j) k_.axpy(sc[j * nk + i] / inv[j], keys[i], o0 + size_t(j) * hd, hd);
-        for (int j = 0; j < nh; ++j) rope(o0 + size_t(j) * hd, hd, f, p, true);
+        k_.attn_values(sc.data(), nk, nh, g.rows.data(), hd, nk, hd, o0, hd);
+        for (int j = 0; j < nh; ++j) rope(o0 + size_t(j) * hd, hd, f, n_past_ + t, true);
     });
     // grouped low-rank output: group g's heads through its rows of wo_a, then wo_b
     const int G = c.o_groups, gin = qd / G, orow = G * c.o_rank;
