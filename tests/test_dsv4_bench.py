@@ -1,0 +1,78 @@
+"""`python -m zen5 bench --deepseek-v4` (bench/dsv4_bench.py): its CLI, its operation count against
+the spec's figure for V4 Flash, the projection's arithmetic, and one child measurement on a tiny
+real-structure checkpoint (the engine's stage clocks and byte accounting through the bench code).
+The timings themselves are recorded runs (bench/results/<cpu>-dsv4.csv), not tests."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from modules import load_file  # noqa: E402
+
+harness = load_file(ROOT / "bench" / "harness.py", "bench_harness_dsv4_under_test")
+dsv4_bench = load_file(ROOT / "bench" / "dsv4_bench.py", "dsv4_bench_under_test")
+
+
+def _parse(*argv):
+    import argparse
+    p = argparse.ArgumentParser()
+    harness.add_arguments(p)
+    return harness.config_from_args(p.parse_args(list(argv)))
+
+
+def test_cli_takes_the_deepseek_v4_mode_and_its_depths():
+    cfg = _parse("--deepseek-v4")
+    assert (cfg.deepseek_v4, cfg.depths, cfg.repeat, cfg.gen, cfg.workload) == (True, (0, 2048, 8192), 3, 32, "full")
+    quick = _parse("--deepseek-v4", "--quick")
+    assert (quick.depths, quick.repeat, quick.gen) == ((0, 128), 1, 4)
+    assert _parse("--deepseek-v4", "--depths", "0,512").depths == (0, 512)
+    with pytest.raises(ValueError, match="multiples of 128"):
+        _parse("--deepseek-v4", "--depths", "100")
+
+
+def test_v4_flash_matmul_operations_match_the_spec():
+    # spec deepseek-v4-architecture.md 4.7: "~26.5 GFLOP/token for the matmuls"
+    flash = dsv4_bench.flash_config()
+    ratios = flash["compress_ratios"][:flash["num_hidden_layers"]]
+    ops = sum(sum(dsv4_bench.matmul_ops(flash, r)) for r in ratios) + 2.0 * flash["vocab_size"] * flash["hidden_size"]
+    assert ops == pytest.approx(26.5e9, rel=0.02)
+
+
+def test_kv_bytes_follow_the_window_the_compressed_rows_and_the_indexer():
+    cfg = dsv4_bench.flash_config()
+    row = cfg["head_dim"] * 4
+    assert dsv4_bench.kv_bytes(cfg, 0, 0) == row  # the token's own row
+    assert dsv4_bench.kv_bytes(cfg, 0, 8191) == 128 * row  # the window only
+    assert dsv4_bench.kv_bytes(cfg, 128, 8191) == 128 * row + 64 * row
+    # ratio 4: every indexer row (128 floats) is scored, the top 512 compressed rows are read
+    assert dsv4_bench.kv_bytes(cfg, 4, 8191) == 128 * row + 2048 * 128 * 4 + 512 * row
+
+
+def test_projection_is_the_sum_of_the_stages_times_the_layer_counts():
+    base = {"engine": "zen5", "threads": 1, "depth": 0, "read_dram_gbps": 20.0, "int8_gops": 400.0}
+    secs = {"rest": 0.01, "attn_r0": 0.001, "ffn_r0": 0.002, "attn_r4": 0.003, "ffn_r4": 0.002, "attn_r128": 0.001,
+            "ffn_r128": 0.002}
+    rows = [dict(base, test="tg", stage=s, seconds_per_token=str(v), bytes_per_token=10**7) for s, v in secs.items()]
+    text = dsv4_bench.projection("run", rows, [0])
+    # V4 Flash: 2 window-only, 21 ratio-4 and 20 ratio-128 layers
+    t = 0.01 + 2 * 0.003 + 21 * 0.005 + 20 * 0.003
+    b = 10**7 * (1 + 2 * 43)
+    assert f"| 1 | 0 | decode | {b / 1e9:.2f} GB | {1 / t:.2f} tok/s | {b / t / 1e9 / 20:.1%} |" in text
+    assert "Assumed" in text and "EPYC 9575F" in text
+
+
+def test_a_child_measures_every_stage_of_a_tiny_model(tmp_path):
+    from dsv4_checkpoint import make_checkpoint
+
+    ckpt = make_checkpoint(tmp_path / "tiny", shards=1)
+    out = dsv4_bench.child(str(ckpt), 1, [0, 128], 2, 1, "off")
+    n = len(out["layer_bytes"])
+    assert n >= 3 and out["head_bytes"] > 0 and out["expert_bytes"] > 0
+    for d in ("0", "128"):
+        for test in ("tg", "pp"):
+            stages = out["depths"][d][test]
+            assert len(stages) == 2 * n + 1 and all(s > 0 for s in stages)
