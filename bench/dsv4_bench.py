@@ -214,8 +214,7 @@ class DeepSeekV4Run:
                     peer[t] = self.llama_times(llama, t)
         finally:
             shutil.rmtree(cache, ignore_errors=True)
-        rows = self.rows(run_id, results, roofs, bench_config(self.experts))
-        rows += self.peer_rows(run_id, peer, llama, rows)
+        rows = self.rows(run_id, results, roofs, bench_config(self.experts), peer, llama)
         stem = Path(cfg.out) / cpu_name()
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
         new = not Path(f"{stem}-dsv4.csv").exists()
@@ -268,34 +267,24 @@ class DeepSeekV4Run:
                      f"tg {1 / out[(d, 'tg')]:.2f} tok/s")
         return out
 
-    def peer_rows(self, run_id: str, peer: dict, llama, rows: list[dict]) -> list[dict]:
-        """llama.cpp's totals, with zen5's total rows' bytes and ops (the same model and tokens)."""
-        out = []
-        for r in rows:
-            if r["stage"] != "total" or (r["depth"], r["test"]) not in peer.get(r["threads"], {}):
-                continue
-            s = peer[r["threads"]][(r["depth"], r["test"])]
-            row = {k: r[k] for k in ("run_id", "date", "commit", "cpu", "threads", "depth", "test", "stage",
-                                     "read_dram_gbps", "int8_gops", "repeats")}
-            row.update(engine=llama[0].name, isa=llama[0].isa, seconds_per_token=f"{s:.6g}")
-            if r["test"] == "tg":
-                b = r["bytes_per_token"]
-                row.update(bytes_per_token=b, gbps=round(b / s / 1e9, 2),
-                           frac_dram_roof=round(b / s / 1e9 / r["read_dram_gbps"], 3))
-            else:
-                ops = r["gops"] * float(r["seconds_per_token"]) * 1e9
-                row.update(gops=round(ops / s / 1e9, 1), frac_int8_peak=round(ops / s / 1e9 / r["int8_gops"], 3))
-            out.append(row)
-        return out
-
-    def rows(self, run_id: str, results: dict, roofs: dict, cfg: dict) -> list[dict]:
+    def rows(self, run_id: str, results: dict, roofs: dict, cfg: dict, peer: dict, llama) -> list[dict]:
+        """zen5's rows per stage, then llama.cpp's whole-model rows with the same bytes and ops."""
         import roofline
         k = cfg["num_experts_per_tok"]
         base = {"run_id": run_id, "date": run_id[:10], "commit": commit(), "cpu": cpu_name(), "repeats": self.repeat}
-        out = []
+        out, peers = [], []
         for t, res in results.items():
             roof, peak = roofs[t]["read_dram_gbps"], roofline.int8_peak(roofs[t])
             lb = res["layer_bytes"]
+
+            def row(engine, isa, d, test, stage, s, b, ops):
+                r = dict(base, engine=engine, isa=isa, threads=t, depth=d, test=test, stage=stage,
+                         seconds_per_token=f"{s:.6g}", read_dram_gbps=roof, int8_gops=round(peak, 1))
+                if test == "tg":
+                    return dict(r, bytes_per_token=b, gbps=round(b / s / 1e9, 2),
+                                frac_dram_roof=round(b / s / 1e9 / roof, 3))
+                return dict(r, gops=round(ops / s / 1e9, 1), frac_int8_peak=round(ops / s / 1e9 / peak, 3))
+
             for d, tests in res["depths"].items():
                 for test, secs in tests.items():
                     name = "tg" if test == "tg" else f"pp{PREFILL}"
@@ -309,18 +298,13 @@ class DeepSeekV4Run:
                     # the head runs once per eval: for the last token of a prefill only
                     stages.append(("rest", secs[-1], res["head_bytes"] + 2 * cfg["hidden_size"],
                                    2.0 * cfg["vocab_size"] * cfg["hidden_size"] / (1 if test == "tg" else PREFILL)))
-                    stages.append(("total", sum(s[1] for s in stages), sum(s[2] for s in stages),
-                                   sum(s[3] for s in stages)))
-                    for stage, s, b, ops in stages:
-                        row = dict(base, engine="zen5", isa=res["isa"], threads=t, depth=int(d), test=name, stage=stage,
-                                   seconds_per_token=f"{s:.6g}", read_dram_gbps=roof, int8_gops=round(peak, 1))
-                        if test == "tg":
-                            row.update(bytes_per_token=b, gbps=round(b / s / 1e9, 2),
-                                       frac_dram_roof=round(b / s / 1e9 / roof, 3))
-                        else:
-                            row.update(gops=round(ops / s / 1e9, 1), frac_int8_peak=round(ops / s / 1e9 / peak, 3))
-                        out.append(row)
-        return out
+                    total = ("total", *(sum(x[i] for x in stages) for i in (1, 2, 3)))
+                    out += [row("zen5", res["isa"], int(d), name, *st) for st in stages + [total]]
+                    if (int(d), name) in peer.get(t, {}):
+                        bench = llama[0]
+                        peers.append(row(bench.name, bench.isa, int(d), name, "total", peer[t][(int(d), name)],
+                                         *total[2:]))
+        return out + peers
 
 
 def table(rows: list[dict]) -> str:

@@ -219,6 +219,18 @@ void V4Context::rewind(int n, const float* last_logits) {
 
 // ---- the forward pass -----------------------------------------------------------------------
 
+namespace {
+// rows holds n rows of `width` floats (at least): zero-pads them to whole key tiles and writes
+// those tiles (kernels.h kKeyTile), the layout the tiers' attn_scores reads.
+void tile_rows(std::vector<float>& rows, int n, int width, std::vector<float>& tiles) {
+    const int padded = (n + kKeyTile - 1) / kKeyTile * kKeyTile;
+    rows.resize(size_t(padded) * width);
+    std::fill(rows.begin() + size_t(n) * width, rows.end(), 0.0f);
+    tiles.resize(rows.size());
+    copy_key_tiles(tiles.data(), rows.data(), padded, width, false);
+}
+}  // namespace
+
 void V4Context::matmul(const WeightView& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, int64_t r0,
                        int64_t r1) {
     if (r1 < 0) r1 = w.rows;
@@ -461,13 +473,11 @@ void V4Context::attention(int l, int n, const float* x, float* out) {
         model_->pool.run(int(parts.size()), [&](int task, int) {
             // the chunk's rows as key tiles, every head's dot products by the tier's score kernel
             const int t = parts[task].first, s0 = parts[task].second;
-            const int cnt = std::min(int(scores[t].size()) - s0, kRows), padded = (cnt + kKeyTile - 1) / kKeyTile * kKeyTile;
+            const int cnt = std::min(int(scores[t].size()) - s0, kRows);
             thread_local std::vector<float> rows, tiles, dots;
-            rows.assign(size_t(padded) * id, 0.0f);
-            tiles.resize(size_t(padded) * id);
+            rows.assign(s.idx.begin() + size_t(s0) * id, s.idx.begin() + size_t(s0 + cnt) * id);
+            tile_rows(rows, cnt, id, tiles);
             dots.resize(size_t(IH) * cnt);
-            std::memcpy(rows.data(), s.idx.data() + size_t(s0) * id, sizeof(float) * cnt * id);
-            copy_key_tiles(tiles.data(), rows.data(), padded, id, false);
             k_.attn_scores(iq_.data() + size_t(t) * IH * id, IH, tiles.data(), int64_t(kKeyTile) * id, cnt, id, 1.0f,
                            dots.data(), cnt);
             for (int i = 0; i < cnt; ++i) {
@@ -497,37 +507,34 @@ void V4Context::attention(int l, int n, const float* x, float* out) {
     }
     // Attention per (token, head): raw window rows then compressed rows, a sink in the
     // denominator, values = keys; inverse RoPE on the output's tail. Every head reads the same
-    // rows (one K=V head), so a task gathers a token's rows once, as rows and as transposed key
-    // tiles (kernels.h kKeyTile), and runs the tier's attention kernels for a group of its
-    // heads: scores with the rows in the lanes, then the values with the channels in the lanes,
-    // each row feeding every head of the group from L1. A head's result does not depend on the
-    // group (the kernels' contract), so decode's groups of 8 heads (enough tasks for the
-    // threads) and prefill's whole tokens give the same bits.
+    // rows (one K=V head), so a token's rows are gathered once, as rows and as key tiles, and
+    // the tier's attention kernels run a group of its heads: scores with the rows in the lanes,
+    // then the values with the channels in the lanes, each row feeding every head of the group
+    // from L1. A head's result does not depend on the group (the kernels' contract), so small
+    // batches' groups of 8 heads (enough tasks for the threads; their tokens gathered first) and
+    // larger batches' whole tokens (gathered by their task) give the same bits.
     const int per = n >= 2 * model_->pool.size() ? H : 8, groups = (H + per - 1) / per;
     const float scale = 1.0f / std::sqrt(float(hd));
-    struct Rows { std::vector<float> rows, tiles; int nk = 0; };
-    auto gather = [&](int t, Rows& g) {  // token t's rows, zero-padded to whole tiles, and their tiles
+    auto gather = [&](int t, Rows& g) {
         const int p = n_past_ + t, lo = std::max(0, p - c.window + 1), nraw = p - lo + 1;
         const int ncomp = r == 4 ? nsel[t] : r ? (p + 1) / r : 0;
         g.nk = nraw + ncomp;
-        const int padded = (g.nk + kKeyTile - 1) / kKeyTile * kKeyTile;
-        g.rows.resize(size_t(padded) * hd);
-        g.tiles.resize(size_t(padded) * hd);
+        g.rows.resize(size_t(g.nk) * hd);
         std::memcpy(g.rows.data(), s.raw.data() + size_t(lo) * hd, sizeof(float) * nraw * hd);
         for (int i = 0; i < ncomp; ++i)
             std::memcpy(g.rows.data() + size_t(nraw + i) * hd,
                         s.comp.data() + size_t(r == 4 ? sel[size_t(t) * topk + i] : i) * hd, sizeof(float) * hd);
-        std::fill(g.rows.begin() + size_t(g.nk) * hd, g.rows.begin() + size_t(padded) * hd, 0.0f);
-        copy_key_tiles(g.tiles.data(), g.rows.data(), padded, hd, false);
+        tile_rows(g.rows, g.nk, hd, g.tiles);
     };
-    // a decoded token's rows are gathered once for all its head groups; otherwise by each task
-    static thread_local Rows one;
-    if (n == 1) gather(0, one);
+    if (groups > 1) {
+        if (gathered_.size() < size_t(n)) gathered_.resize(n);
+        model_->pool.run(n, [&](int t, int) { gather(t, gathered_[t]); });
+    }
     model_->pool.run(n * groups, [&](int task, int) {
         const int t = task / groups, h0 = task % groups * per, nh = std::min(H, h0 + per) - h0;
         thread_local Rows own;
-        Rows& g = n == 1 ? one : own;
-        if (n != 1) gather(t, g);
+        Rows& g = groups > 1 ? gathered_[t] : own;
+        if (groups == 1) gather(t, g);
         const int nk = g.nk;
         thread_local std::vector<float> sc;
         sc.resize(size_t(nh) * nk);

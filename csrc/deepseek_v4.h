@@ -94,7 +94,8 @@ class V4Model {
     uint64_t fingerprint = 0;
     int64_t n_params = 0;
     mutable ThreadPool pool;
-    size_t weight_bytes() const { return arena_bytes_; }  // the panels' arena: what the matmuls read
+    // the arena: what the matmuls read but the routed experts (prepare_experts) and the embedding
+    size_t weight_bytes() const { return arena_bytes_; }
     // Bytes the matmuls read, by part (the bench's bytes-per-token accounting): per layer its
     // attention side (hc_attn, projections, compressors, indexer), its FFN side less the routed
     // experts (hc_ffn, router, shared expert) and one routed expert; then the head (hc_head, head).
@@ -127,8 +128,8 @@ class V4Model {
         std::atomic<bool> ready{false};  // set (release) once view's memory is filled
         V4Expert view;
         AlignedBytes mem;
-        std::unique_ptr<PackedWeights> packed[3];
-        std::unique_ptr<FloatPanels> panels[3];
+        std::vector<std::unique_ptr<PackedWeights>> packed;  // own_layout's headers
+        std::vector<std::unique_ptr<FloatPanels>> panels;
     };
     mutable std::vector<std::unique_ptr<ExpertSlot[]>> slots_;  // (n_layers, n_experts)
     mutable std::mutex expert_mu_;                               // one packer at a time
@@ -226,6 +227,8 @@ class V4Context {
     std::vector<float> logits_;
     std::vector<int32_t> experts_, selected_;
     std::vector<double> stage_s_;
+    struct Rows { std::vector<float> rows, tiles; int nk = 0; };  // a token's attention rows, gathered
+    std::vector<Rows> gathered_;  // a small batch's tokens (attention)
     // scratch, per chunk (ZeroedArray: resident only where written, so a decode-only context
     // does not hold the 512-token chunk's ~280 MB at V4 Flash's widths)
     ZeroedArray<float> X_, xn_, col_, out_, post_, comb_, qa_, q_, kv_, att_, oa_, iq_, iw_, tmp_, tmp2_;

@@ -253,37 +253,23 @@ void V4Model::prepare_experts(int l, const std::vector<int>& ids) const {
         for (const WeightView* w : src) total += owned_bytes(*w);
         s.mem = alloc_zeroed(total);
         uint8_t* at = s.mem.get();
-        for (int i = 0; i < 3; ++i) {  // the layout's fields now (no rows), the rows over the pool
+        for (int i = 0; i < 3; ++i) {  // the layout now, the rows over the pool
             *dst[i] = *src[i];
-            if (packed_bytes(*src[i])) {
-                s.packed[i] = std::make_unique<PackedWeights>();
-                pack_into(*src[i], *s.packed[i], at, 0, 0);
-                dst[i]->packed = s.packed[i].get();
-            } else {
-                s.panels[i] = std::make_unique<FloatPanels>();
-                pack_float_panels(*src[i], *s.panels[i], at, 0, 0);
-                dst[i]->panels = s.panels[i].get();
-            }
+            own_layout(*dst[i], at, s.packed, s.panels);
             jobs.push_back({src[i], dst[i], at});
             at += owned_bytes(*src[i]);
         }
         expert_bytes_ += total;
         fresh.push_back(e);
     }
-    // tasks of 64 rows (a panel band; a row's bytes are its own in either layout)
+    // tasks of 64 rows (a panel band, four 16-row groups)
     std::vector<std::pair<int, int64_t>> tasks;
     for (size_t j = 0; j < jobs.size(); ++j)
         for (int64_t r = 0; r < jobs[j].src->rows; r += kPanelRows) tasks.push_back({int(j), r});
     pool.run(int(tasks.size()), [&](int t, int) {
         const Job& j = jobs[tasks[t].first];
-        const int64_t r0 = tasks[t].second, r1 = std::min(j.src->rows, r0 + kPanelRows);
-        if (j.dst->packed) {
-            PackedWeights p;
-            pack_into(*j.src, p, j.at, r0, r1);
-        } else {
-            FloatPanels p;
-            pack_float_panels(*j.src, p, j.at, r0, r1);
-        }
+        const int64_t r0 = tasks[t].second;
+        pack_rows(*j.dst, j.at, r0, std::min(j.src->rows, r0 + kPanelRows));
     });
     const FileMaps maps;
     for (const Job& j : jobs) maps.release(j.src->data, size_t(j.src->rows) * j.src->row_bytes);
@@ -298,9 +284,7 @@ void V4Model::prepare_all_experts() const {
 
 size_t V4Model::expert_bytes_total() const {
     size_t n = 0;
-    for (const V4Layer& L : layers)
-        for (auto* v : {&L.w1, &L.w2, &L.w3})
-            for (const WeightView& w : *v) n += owned_bytes(w);
+    for (const LayerBytes& b : layer_bytes()) n += b.expert * size_t(cfg.n_experts);
     return n;
 }
 

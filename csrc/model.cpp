@@ -237,6 +237,30 @@ bool pack_weights(const WeightView& w, PackedWeights& p, AlignedBytes& storage) 
     return true;
 }
 
+void own_layout(WeightView& w, uint8_t* dst, std::vector<std::unique_ptr<PackedWeights>>& packed,
+                std::vector<std::unique_ptr<FloatPanels>>& panels) {
+    if (packed_bytes(w)) {
+        packed.push_back(std::make_unique<PackedWeights>());
+        pack_into(w, *packed.back(), dst, 0, 0);  // the fields, no rows
+        w.packed = packed.back().get();
+    } else {
+        panels.push_back(std::make_unique<FloatPanels>());
+        pack_float_panels(w, *panels.back(), dst, 0, 0);
+        w.panels = panels.back().get();
+    }
+}
+
+void pack_rows(const WeightView& w, uint8_t* dst, int64_t r0, int64_t r1) {
+    // into a scratch header: the view's own is shared by the threads packing its other rows
+    if (w.packed) {
+        PackedWeights p;
+        pack_into(w, p, dst, r0, r1);
+    } else {
+        FloatPanels p;
+        pack_float_panels(w, p, dst, r0, r1);
+    }
+}
+
 size_t owned_bytes(const WeightView& w) {
     const size_t n = packed_bytes(w);
     return ((n ? n : float_panel_bytes(w.type, w.rows, w.cols)) + 63) / 64 * 64;
@@ -272,29 +296,14 @@ uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name, co
     for (WeightView* w : mats) {
         if (tensor_data.count(w->data)) at_of[w->data].emplace_back(w, at);
         else others.emplace_back(w, at);
-        if (packed_bytes(*w)) {
-            packed.push_back(std::make_unique<PackedWeights>());
-            w->packed = packed.back().get();
-        } else {
-            panels.push_back(std::make_unique<FloatPanels>());
-            w->panels = panels.back().get();
-        }
+        own_layout(*w, at, packed, panels);
         at += owned_bytes(*w);
     }
-    auto pack_rows = [](WeightView* w, uint8_t* dst, int64_t r0, int64_t r1) {
-        if (w->packed) pack_into(*w, *const_cast<PackedWeights*>(w->packed), dst, r0, r1);
-        else pack_float_panels(*w, *const_cast<FloatPanels*>(w->panels), dst, r0, r1);
-    };
-    // A load after the first maps the arena from the cache file (arena_cache.h) instead: the views
-    // get their layout's fields (no rows: r0 = r1 = 0) and the fingerprint is the one stored.
+    // A load after the first maps the arena from the cache file (arena_cache.h) instead (the views
+    // have their layout's fields already); the fingerprint is the one stored.
     const uint64_t seed = h;
-    if (cache.map(arena.get(), arena.get_deleter().mapped, total, seed, h)) {
-        for (auto& [data, views] : at_of)
-            for (auto& [w, dst] : views) pack_rows(w, dst, 0, 0);
-        for (auto& [w, dst] : others) pack_rows(w, dst, 0, 0);
-        return h;
-    }
-    for (auto& [w, dst] : others) pack_rows(w, dst, 0, w->rows);  // owned copies (converted vectors)
+    if (cache.map(arena.get(), arena.get_deleter().mapped, total, seed, h)) return h;
+    for (auto& [w, dst] : others) pack_rows(*w, dst, 0, w->rows);  // owned copies (converted vectors)
 
     const FileMaps maps;
     // a sampled tensor's ends: the reads' fault-around maps up to 64 KiB beside each (590 MB over
@@ -338,7 +347,7 @@ uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name, co
                 const int tasks = int((r1 - r0 + 15) / 16);
                 pool.run(tasks, [&](int t, int) {
                     const int64_t a = r0 + int64_t(t) * 16, b = std::min(r1, a + 16);
-                    for (auto& [w, dst] : it->second) pack_rows(w, dst, a, b);
+                    for (auto& [w, dst] : it->second) pack_rows(*w, dst, a, b);
                 });
                 maps.release(src, n);
             }

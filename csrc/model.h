@@ -44,6 +44,12 @@ void pack_into(const WeightView& w, PackedWeights& out, uint8_t* dst, int64_t r0
 void pack_float_panels(const WeightView& w, FloatPanels& out, uint8_t* dst, int64_t r0 = 0, int64_t r1 = -1);
 // The arena bytes one matrix takes (packed or panels), a multiple of 64.
 size_t owned_bytes(const WeightView& w);
+// Gives w a layout of its own at dst (zeroed, owned_bytes(w) long): PackedWeights for a quantized
+// type, FloatPanels for a float one, kept in `packed` / `panels`, its fields set; pack_rows then
+// fills rows [r0, r1) from w's source (threads may fill distinct 16-row groups at once).
+void own_layout(WeightView& w, uint8_t* dst, std::vector<std::unique_ptr<PackedWeights>>& packed,
+                std::vector<std::unique_ptr<FloatPanels>>& panels);
+void pack_rows(const WeightView& w, uint8_t* dst, int64_t r0, int64_t r1);
 // `bytes` of zeroed memory, 64-byte aligned. Blocks of 256 KiB and more come from an anonymous
 // mapping (mmap; from 2 MiB on, 2 MiB aligned): the kernel zeroes a page when it is first touched, so what is
 // never written costs no resident memory (a KV cache for a long n_ctx holds only the positions

@@ -76,3 +76,25 @@ def test_a_child_measures_every_stage_of_a_tiny_model(tmp_path):
         for test in ("tg", "pp"):
             stages = out["depths"][d][test]
             assert len(stages) == 2 * n + 1 and all(s > 0 for s in stages)
+
+
+def test_rows_give_each_stage_its_figures_and_the_peer_the_same_totals():
+    class Peer:
+        name, isa = "llama.cpp-native", "avx512"
+
+    cfg = dsv4_bench.bench_config(16)
+    secs = [0.001] * 6 + [0.01]
+    res = {"isa": "avx512", "layer_bytes": [[100, 200, 10]] * 3, "head_bytes": 1000,
+           "depths": {"0": {"tg": secs, "pp": secs}}}
+    run = dsv4_bench.DeepSeekV4Run(harness.BenchConfig(deepseek_v4=True, repeat=1), log=lambda m: None)
+    rows = run.rows("run", {1: res}, {1: {"read_dram_gbps": 20.0, "int8_gops": 400.0}}, cfg,
+                    {1: {(0, "tg"): 0.05}}, (Peer(), None))
+    zen5 = {(r["test"], r["stage"]): r for r in rows if r["engine"] == "zen5"}
+    assert len(zen5) == 2 * 8  # 6 layer halves, the rest and the total, for tg and pp512
+    total = zen5[("tg", "total")]
+    assert float(total["seconds_per_token"]) == pytest.approx(0.016)
+    assert total["bytes_per_token"] == 3 * (100 + 200 + 6 * 10) + sum(
+        dsv4_bench.kv_bytes(cfg, r, 0) for r in dsv4_bench.KINDS) + 1000 + 2 * cfg["hidden_size"]
+    (peer,) = [r for r in rows if r["engine"] == "llama.cpp-native"]
+    assert (peer["test"], peer["bytes_per_token"]) == ("tg", total["bytes_per_token"])
+    assert peer["gbps"] == round(total["bytes_per_token"] / 0.05 / 1e9, 2)
