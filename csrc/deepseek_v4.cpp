@@ -77,8 +77,8 @@ V4Context::V4Context(std::shared_ptr<const V4Model> model, int n_ctx, const Kern
     iw_.resize(T * std::max(c.index_heads, 1));
     tmp_.resize(T * std::max({hc * D, size_t(2 + hc) * hc, size_t(c.n_experts), D}));
     tmp2_.resize(T * std::max(hc * D, D));
-    ckv_.resize(T * 2 * std::max(c.head_dim, c.index_dim));
-    cg_.resize(T * 2 * std::max(c.head_dim, c.index_dim));
+    ckv_.resize(T * 2 * (c.head_dim + c.index_dim));  // the compressor's, then the indexer's
+    cg_.resize(T * 2 * (c.head_dim + c.index_dim));
     ffn_g_.resize(T * ff);
     ffn_u_.resize(T * ff);
     rlog_.resize(T * c.n_experts);
@@ -231,35 +231,64 @@ void tile_rows(std::vector<float>& rows, int n, int width, std::vector<float>& t
 }
 }  // namespace
 
-void V4Context::matmul(const WeightView& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, int64_t r0,
-                       int64_t r1) {
-    if (r1 < 0) r1 = w.rows;
+void V4Context::matmuls(const std::vector<MatJob>& jobs) {
     // FP8 (re-quantized to Q8_0 at load) and MXFP4 weights take the int8 path: the activations to
-    // int8 per 32 (QuantAct, as the llama decoder's), then the tier's int8 matmul over 16-row
-    // groups; float weights read panels of kPanelRows-row bands
-    const bool int8 = w.packed != nullptr;
-    const int64_t cols = w.cols, gran = int8 ? 16 : kPanelRows;
-    QuantAct a{};
-    if (int8) {
-        const size_t blocks = size_t(n) * (cols / QK);
-        if (act_q_.size() < size_t(n) * cols) act_q_.resize(size_t(n) * cols);
-        if (act_d_.size() < blocks) act_d_.resize(blocks), act_ds_.resize(blocks), act_c_.resize(blocks);
-        for (int t = 0; t < n; ++t)  // token t's block b at b * n + t
-            k_.quantize_act(x + t * ldx, 1, cols, n, act_q_.data() + size_t(t) * QK, act_d_.data() + t,
-                            act_c_.data() + t, act_ds_.data() + t);
-        a = QuantAct{act_q_.data(), act_d_.data(), act_c_.data(), act_ds_.data(), cols, n};
+    // int8 per 32 (QuantAct, as the llama decoder's; once per distinct input), then the tier's
+    // int8 matmul over 16-row groups; float weights read panels of kPanelRows-row bands
+    const size_t J = jobs.size();
+    std::vector<size_t> act(J, SIZE_MAX);  // job -> the block offset of its quantized input
+    size_t blocks = 0;
+    for (size_t j = 0; j < J; ++j) {
+        const MatJob& m = jobs[j];
+        if (!m.w->packed) continue;
+        for (size_t i = 0; i < j && act[j] == SIZE_MAX; ++i)
+            if (act[i] != SIZE_MAX && jobs[i].x == m.x && jobs[i].n == m.n && jobs[i].ldx == m.ldx &&
+                jobs[i].w->cols == m.w->cols)
+                act[j] = act[i];
+        if (act[j] == SIZE_MAX) act[j] = blocks, blocks += size_t(m.n) * (m.w->cols / QK);
     }
-    WeightView v = w;
-    if (r0 % kPanelRows) v.panels = nullptr;  // panel kernels start at a band
-    auto rows_of = [&](int64_t lo, int64_t hi) {
-        if (int8) k_.matmul_int8(*w.packed, lo, hi, a, n, y, ldy);
-        else k_.matmul(v, lo, hi, x, n, ldx, y, ldy);
-    };
+    if (act_q_.size() < blocks * QK) act_q_.resize(blocks * QK);
+    if (act_d_.size() < blocks) act_d_.resize(blocks), act_ds_.resize(blocks), act_c_.resize(blocks);
+    std::vector<QuantAct> qa(J);
+    for (size_t j = 0; j < J; ++j) {
+        const MatJob& m = jobs[j];
+        if (act[j] == SIZE_MAX) continue;
+        const size_t o = act[j];
+        qa[j] = QuantAct{act_q_.data() + o * QK, act_d_.data() + o, act_c_.data() + o, act_ds_.data() + o, m.w->cols, m.n};
+        if (std::find(act.begin(), act.begin() + j, o) != act.begin() + j) continue;  // shared, done
+        for (int t = 0; t < m.n; ++t)  // token t's block b at b * n + t
+            k_.quantize_act(m.x + t * m.ldx, 1, m.w->cols, m.n, act_q_.data() + (o + t) * QK, act_d_.data() + o + t,
+                            act_c_.data() + o + t, act_ds_.data() + o + t);
+    }
+    // each job's rows in at least 2 tasks per thread and at most kTaskWeights weights a task, the
+    // tasks of all jobs claimed from one list: a thread that finishes early waits at most for one
+    // small task (V4 Flash's BF16 head in 4 tasks of 265 MB decoded 3.7% slower at 2 threads,
+    // in-process alternation on the bench model)
+    constexpr int64_t kTaskWeights = 1 << 21;
+    struct Part { size_t job; int64_t lo, hi; };
+    std::vector<Part> parts;
     const int nt = model_->pool.size();
-    const int64_t rows = r1 - r0, per = std::max<int64_t>(gran, (rows / (nt * 2) + gran - 1) / gran * gran);
-    const int tasks = int((rows + per - 1) / per);
-    if (tasks <= 1 || int64_t(n) * rows * cols < (1 << 16)) return rows_of(r0, r1);
-    model_->pool.run(tasks, [&](int t, int) { rows_of(r0 + t * per, std::min(r1, r0 + (t + 1) * per)); });
+    int64_t work = 0;
+    for (size_t j = 0; j < J; ++j) {
+        const MatJob& m = jobs[j];
+        const int64_t r1 = m.r1 < 0 ? m.w->rows : m.r1, rows = r1 - m.r0, gran = m.w->packed ? 16 : kPanelRows;
+        const int64_t want = nt == 1 ? rows : std::min(rows / (nt * 2), kTaskWeights / m.w->cols);
+        const int64_t per = std::max<int64_t>(gran, (want + gran - 1) / gran * gran);
+        for (int64_t lo = m.r0; lo < r1; lo += per) parts.push_back({j, lo, std::min(r1, lo + per)});
+        work += int64_t(m.n) * rows * m.w->cols;
+    }
+    auto run = [&](const Part& p) {
+        const MatJob& m = jobs[p.job];
+        if (m.w->packed) return k_.matmul_int8(*m.w->packed, p.lo, p.hi, qa[p.job], m.n, m.y, m.ldy);
+        WeightView v = *m.w;
+        if (p.lo % kPanelRows) v.panels = nullptr;  // panel kernels start at a band
+        k_.matmul(v, p.lo, p.hi, m.x, m.n, m.ldx, m.y, m.ldy);
+    };
+    if (parts.size() <= 1 || work < (1 << 16)) {
+        for (const Part& p : parts) run(p);
+        return;
+    }
+    model_->pool.run(int(parts.size()), [&](int t, int) { run(parts[t]); });
 }
 
 void V4Context::rope(float* v, int dim, const float* f, int pos, bool inverse) const {
@@ -346,15 +375,14 @@ void V4Context::hc_post(const float* out, const float* post, const float* comb, 
     }
 }
 
-void V4Context::compress(int l, const V4Compressor& cp, bool indexer, int n, const float* x) {
-    // Project, add ape to the gates, append to the pending inputs; each window that closes emits
-    // one row: a per-channel softmax over its slots (ratio 4: the previous window's first half and
-    // this window's second half), RMSNorm, RoPE at the window's first position, QAT rounding.
+void V4Context::compress(int l, const V4Compressor& cp, bool indexer, int n, const float* kv, float* gate) {
+    // Given the kv and gate projections of the chunk's inputs: add ape to the gates, append both to
+    // the pending inputs; each window that closes emits one row: a per-channel softmax over its
+    // slots (ratio 4: the previous window's first half and this window's second half), RMSNorm,
+    // RoPE at the window's first position, QAT rounding.
     const V4Config& c = model_->cfg;
     LayerState& s = st_[l];
     const int r = indexer ? 4 : c.ratios[l], W = cp.width, hd = cp.head;
-    matmul(cp.wkv, x, n, c.hidden, ckv_.data(), W);
-    matmul(cp.wgate, x, n, c.hidden, cg_.data(), W);
     std::vector<float>& kvs = indexer ? s.ikv : s.ckv;
     std::vector<float>& gs = indexer ? s.igate : s.cgate;
     std::vector<float>& rows = indexer ? s.idx : s.comp;
@@ -362,9 +390,9 @@ void V4Context::compress(int l, const V4Compressor& cp, bool indexer, int n, con
     std::vector<float> row(hd), wts(2 * r);
     for (int t = 0; t < n; ++t) {
         const int p = n_past_ + t;
-        float* g = cg_.data() + size_t(t) * W;
+        float* g = gate + size_t(t) * W;
         for (int i = 0; i < W; ++i) g[i] += cp.ape[(p % r) * W + i];
-        kvs.insert(kvs.end(), ckv_.data() + size_t(t) * W, ckv_.data() + size_t(t + 1) * W);
+        kvs.insert(kvs.end(), kv + size_t(t) * W, kv + size_t(t + 1) * W);
         gs.insert(gs.end(), g, g + W);
         if ((p + 1) % r) continue;
         const int w = (p + 1) / r - 1, start = w * r;
@@ -420,10 +448,29 @@ void V4Context::attention(int l, int n, const float* x, float* out) {
     LayerState& s = st_[l];
     const int H = c.n_heads, hd = c.head_dim, qd = H * hd, r = L.ratio, rd = c.rope_dim;
     const float* f = freq(l);
-    // Q: low rank, weighted norm, up, per-head unweighted norm, RoPE on each head's tail
-    matmul(L.wq_a, x, n, c.hidden, qa_.data(), c.q_rank);
+    const int IH = c.index_heads, id = c.index_dim;
+    // every projection of the layer's input at once: Q's low rank, KV, the compressors' kv and
+    // gate, the indexer's head weights (the indexer's compressor after the main one's, in ckv_/cg_)
+    const int cw = r ? L.comp.width : 0;
+    float* ikv = ckv_.data() + size_t(n) * cw;
+    float* ig = cg_.data() + size_t(n) * cw;
+    std::vector<MatJob> in{{&L.wq_a, x, n, c.hidden, qa_.data(), c.q_rank}, {&L.wkv, x, n, c.hidden, kv_.data(), hd}};
+    if (r) {
+        in.push_back({&L.comp.wkv, x, n, c.hidden, ckv_.data(), cw});
+        in.push_back({&L.comp.wgate, x, n, c.hidden, cg_.data(), cw});
+    }
+    if (r == 4) {
+        in.push_back({&L.icomp.wkv, x, n, c.hidden, ikv, L.icomp.width});
+        in.push_back({&L.icomp.wgate, x, n, c.hidden, ig, L.icomp.width});
+        in.push_back({&L.iweights, x, n, c.hidden, iw_.data(), IH});
+    }
+    matmuls(in);
+    // Q: weighted norm of the low rank, up (and the indexer's queries), per-head unweighted norm,
+    // RoPE on each head's tail
     for (int t = 0; t < n; ++t) k_.rmsnorm(qa_.data() + size_t(t) * c.q_rank, L.q_norm, c.q_rank, c.rms_eps, qa_.data() + size_t(t) * c.q_rank);
-    matmul(L.wq_b, qa_.data(), n, c.q_rank, q_.data(), qd);
+    std::vector<MatJob> up{{&L.wq_b, qa_.data(), n, c.q_rank, q_.data(), qd}};
+    if (r == 4) up.push_back({&L.iwq_b, qa_.data(), n, c.q_rank, iq_.data(), IH * id});
+    matmuls(up);
     for (int t = 0; t < n; ++t)
         for (int h = 0; h < H; ++h) {
             float* qh = q_.data() + size_t(t) * qd + size_t(h) * hd;
@@ -431,19 +478,15 @@ void V4Context::attention(int l, int n, const float* x, float* out) {
             rope(qh, hd, f, n_past_ + t, false);
         }
     // KV: one shared head, weighted norm, RoPE, FP8 simulation of the non-rope part
-    matmul(L.wkv, x, n, c.hidden, kv_.data(), hd);
     for (int t = 0; t < n; ++t) {
         float* row = s.raw.data() + size_t(n_past_ + t) * hd;
         k_.rmsnorm(kv_.data() + size_t(t) * hd, L.kv_norm, hd, c.rms_eps, row);
         rope(row, hd, f, n_past_ + t, false);
         if (qat_) v4_fp8_sim(row, hd - rd, 64);
     }
-    const int IH = c.index_heads, id = c.index_dim;
-    if (r) compress(l, L.comp, false, n, x);
+    if (r) compress(l, L.comp, false, n, ckv_.data(), cg_.data());
     if (r == 4) {
-        compress(l, L.icomp, true, n, x);
-        matmul(L.iwq_b, qa_.data(), n, c.q_rank, iq_.data(), IH * id);
-        matmul(L.iweights, x, n, c.hidden, iw_.data(), IH);
+        compress(l, L.icomp, true, n, ikv, ig);
         for (int t = 0; t < n; ++t)
             for (int h = 0; h < IH; ++h) {
                 float* qh = iq_.data() + (size_t(t) * IH + h) * id;
@@ -555,9 +598,11 @@ void V4Context::attention(int l, int n, const float* x, float* out) {
     });
     // grouped low-rank output: group g's heads through its rows of wo_a, then wo_b
     const int G = c.o_groups, gin = qd / G, orow = G * c.o_rank;
+    std::vector<MatJob> og;
     for (int g = 0; g < G; ++g)
-        matmul(L.wo_a, att_.data() + size_t(g) * gin, n, qd, oa_.data(), orow, int64_t(g) * c.o_rank,
-               int64_t(g + 1) * c.o_rank);
+        og.push_back({&L.wo_a, att_.data() + size_t(g) * gin, n, qd, oa_.data(), orow, int64_t(g) * c.o_rank,
+                      int64_t(g + 1) * c.o_rank});
+    matmuls(og);
     matmul(L.wo_b, oa_.data(), n, orow, out, c.hidden);
 }
 
@@ -601,33 +646,60 @@ void V4Context::moe(int l, int n, const int32_t* tokens, const float* x, float* 
             k_.swiglu(ffn_g_.data() + size_t(t) * F, ffn_u_.data() + size_t(t) * F, F, ffn_g_.data() + size_t(t) * F);
     };
     std::fill(out, out + size_t(n) * D, 0.0f);
-    float* xs = tmp2_.data();
-    float* ys = tmp_.data();
     std::vector<int> used(ids);
     std::sort(used.begin(), used.end());
     used.erase(std::unique(used.begin(), used.end()), used.end());
     model_->prepare_experts(l, used);  // packs those routed to for the first time
-    // experts in id order: a token adds its experts' outputs in ascending id order whatever its batch
+    // Each routed expert's tokens with their weights, in id order, then the shared expert (every
+    // token, weight 1: axpy by 1 adds exactly), so a token sums its experts in the same order
+    // whatever its batch.
+    struct Use { const WeightView *w1, *w3, *w2; std::vector<std::pair<int, float>> who; };
+    std::vector<Use> uses;
     for (int e : used) {
-        std::vector<std::pair<int, float>> who;
+        const V4Expert& X = model_->expert(l, e);
+        Use u{&X.w1, &X.w3, &X.w2, {}};
         for (int t = 0; t < n; ++t)
             for (int k = 0; k < K; ++k)
-                if (ids[size_t(t) * K + k] == e) who.push_back({t, wts[size_t(t) * K + k]});
-        if (who.empty()) continue;
-        const int m = int(who.size());
-        for (int i = 0; i < m; ++i) std::memcpy(xs + size_t(i) * D, x + size_t(who[i].first) * D, sizeof(float) * D);
-        const V4Expert& X = model_->expert(l, e);
-        matmul(X.w1, xs, m, D, ffn_g_.data(), F);
-        matmul(X.w3, xs, m, D, ffn_u_.data(), F);
-        swiglu(m);
-        matmul(X.w2, ffn_g_.data(), m, F, ys, D);
-        for (int i = 0; i < m; ++i) k_.axpy(who[i].second, ys + size_t(i) * D, out + size_t(who[i].first) * D, D);
+                if (ids[size_t(t) * K + k] == e) u.who.push_back({t, wts[size_t(t) * K + k]});
+        if (!u.who.empty()) uses.push_back(std::move(u));
     }
-    matmul(L.sw1, x, n, D, ffn_g_.data(), F);
-    matmul(L.sw3, x, n, D, ffn_u_.data(), F);
-    swiglu(n);
-    matmul(L.sw2, ffn_g_.data(), n, F, ys, D);
-    for (int t = 0; t < n; ++t) k_.add(out + size_t(t) * D, ys + size_t(t) * D, D);
+    uses.push_back({&L.sw1, &L.sw3, &L.sw2, {}});
+    for (int t = 0; t < n; ++t) uses.back().who.push_back({t, 1.0f});
+    // Experts in batches of at most kChunk token rows (the scratch's), each batch's up projections
+    // in one parallel run and its down projections in another: a decoded token's 7 experts cost
+    // two waits for the threads, not 21.
+    float* xs = tmp2_.data();
+    float* ys = tmp_.data();
+    for (size_t b0 = 0; b0 < uses.size();) {
+        size_t b1 = b0, rows = 0;
+        while (b1 < uses.size() && (b1 == b0 || rows + uses[b1].who.size() <= size_t(kChunk))) rows += uses[b1++].who.size();
+        std::vector<MatJob> upj, downj;
+        size_t r = 0;
+        for (size_t i = b0; i < b1; ++i) {
+            const Use& u = uses[i];
+            const int m = int(u.who.size());
+            const float* xi = x;  // every token in order (a decoded token's experts, the shared one): x itself
+            bool all = m == n;
+            for (int j = 0; all && j < m; ++j) all = u.who[j].first == j;
+            if (!all) {
+                for (int j = 0; j < m; ++j)
+                    std::memcpy(xs + (r + j) * D, x + size_t(u.who[j].first) * D, sizeof(float) * D);
+                xi = xs + r * D;
+            }
+            upj.push_back({u.w1, xi, m, D, ffn_g_.data() + r * F, F});
+            upj.push_back({u.w3, xi, m, D, ffn_u_.data() + r * F, F});
+            downj.push_back({u.w2, ffn_g_.data() + r * F, m, F, ys + r * D, D});
+            r += m;
+        }
+        matmuls(upj);
+        swiglu(int(rows));
+        matmuls(downj);
+        r = 0;
+        for (size_t i = b0; i < b1; ++i) {
+            for (const auto& [t, w] : uses[i].who) k_.axpy(w, ys + (r++) * D, out + size_t(t) * D, D);
+        }
+        b0 = b1;
+    }
 }
 
 void V4Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {

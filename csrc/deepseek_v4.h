@@ -202,10 +202,25 @@ class V4Context {
     void hc_pre(const V4Hc& hc, int n, float* post, float* comb, float* collapsed);
     void hc_post(const float* out, const float* post, const float* comb, int n);
     void attention(int l, int n, const float* x, float* out);
-    void compress(int l, const V4Compressor& c, bool indexer, int n, const float* x);
+    void compress(int l, const V4Compressor& c, bool indexer, int n, const float* kv, float* gate);
     void moe(int l, int n, const int32_t* tokens, const float* x, float* out);
+    // y[t] = rows [r0, r1) of w times x[t], t < n (r1 < 0: all rows)
+    struct MatJob {
+        const WeightView* w;
+        const float* x;
+        int n;
+        int64_t ldx;
+        float* y;
+        int64_t ldy;
+        int64_t r0 = 0, r1 = -1;
+    };
+    // Several matmuls in one parallel run: a decoded token's many small matrices (a layer's input
+    // projections, its experts) share one wait for the threads instead of one each.
+    void matmuls(const std::vector<MatJob>& jobs);
     void matmul(const WeightView& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy,
-                int64_t r0 = 0, int64_t r1 = -1);
+                int64_t r0 = 0, int64_t r1 = -1) {
+        matmuls({MatJob{&w, x, n, ldx, y, ldy, r0, r1}});
+    }
     void rope(float* v, int dim, const float* freq, int pos, bool inverse) const;
     void reset_state();
     void truncate(int n);         // n >= trunc_floor_: forget positions >= n
