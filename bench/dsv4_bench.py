@@ -20,7 +20,10 @@ Figures:
   decode  bytes per token of each stage (the matrices it reads, layer_bytes, with 6 of the 256
           experts, plus the KV rows attention reads at depth d: the 128-row window, the
           compressed rows, the indexer's rows and its top-512 picks) over the stage's time, as
-          a fraction of the DRAM read roof measured in the same run (roofline.py);
+          a fraction of the DRAM read roof (roofline.py) probed before each decode repetition
+          and after the last, their median: the bandwidth this shared host gives a guest moves
+          by a factor of 1.7 from one second to the next, so a roof measured minutes away from
+          the timing can make the same kernel look 25% better or worse;
   prefill the stage's matmul operations (2 x multiply-adds, from the config; attention scores
           and softmax not counted, so a lower bound) over its time, as a fraction of the tier's
           int8 peak measured in the same run.
@@ -131,8 +134,11 @@ def kv_bytes(cfg: dict, ratio: int, depth: int) -> int:
     return b
 
 
-def child(path: str, threads: int, depths: list[int], gen: int, repeat: int, cache: str) -> dict:
-    """One thread count in this process: load, then per depth decode and prefill timings."""
+def child(path: str, threads: int, depths: list[int], gen: int, repeat: int, cache: str, tier: str = "") -> dict:
+    """One thread count in this process: load, then per depth decode and prefill timings. With a
+    tier, the DRAM read roof is probed (roofline.dram_read) before every decode repetition and
+    after the last: "tg_roof", their median, is what that depth's decode is divided by (the
+    bandwidth this VM gets moved between 31 and 53 GB/s at 2 threads within seconds)."""
     import numpy as np
 
     from zen5.engine import Engine
@@ -156,11 +162,17 @@ def child(path: str, threads: int, depths: list[int], gen: int, repeat: int, cac
            "layer_bytes": [list(b) for b in cfg.layer_bytes()], "head_bytes": cfg.head_bytes, "depths": {}}
     ctx.eval(stream[:8])  # warm-up, not recorded
     ctx.rewind(0)
+    probe = (lambda: roofline.dram_read(threads, tier)) if tier else None
+    if probe:
+        import roofline
     for d in depths:
         if ctx.n_past < d:
             ctx.eval(stream[ctx.n_past:d])
         runs: dict[str, list] = {"tg": [], "pp": []}
+        roofs = []
         for _ in range(repeat):
+            if probe:
+                roofs.append(probe())
             ctx.reset_stage_seconds()
             for t in stream[d:d + gen]:
                 ctx.eval([t])
@@ -173,6 +185,9 @@ def child(path: str, threads: int, depths: list[int], gen: int, repeat: int, cac
         # per stage, the median over repetitions of its seconds per token
         out["depths"][str(d)] = {k: [statistics.median(r[i] for r in v) for i in range(len(v[0]))]
                                  for k, v in runs.items()}
+        if probe:
+            roofs.append(probe())
+            out["depths"][str(d)]["tg_roof"] = statistics.median(roofs)
     return out
 
 
@@ -201,7 +216,7 @@ class DeepSeekV4Run:
                 log(f"roofline {t}t: DRAM read {roofs[t]['read_dram_gbps']:.1f} GB/s, "
                     f"int8 {roofline.int8_peak(roofs[t]):.0f} GOP/s")
                 args = [sys.executable, __file__, "--child", str(path), str(t), ",".join(map(str, self.depths)),
-                        str(self.gen), str(self.repeat), str(cache)]
+                        str(self.gen), str(self.repeat), str(cache), tier]
                 env = dict(os.environ, **({"ZEN5_FORCE_ISA": cfg.isa} if cfg.isa else {}))
                 proc = subprocess.run(args, capture_output=True, text=True, env=env)
                 if proc.returncode:
@@ -274,19 +289,24 @@ class DeepSeekV4Run:
         base = {"run_id": run_id, "date": run_id[:10], "commit": commit(), "cpu": cpu_name(), "repeats": self.repeat}
         out, peers = [], []
         for t, res in results.items():
-            roof, peak = roofs[t]["read_dram_gbps"], roofline.int8_peak(roofs[t])
+            peak = roofline.int8_peak(roofs[t])
             lb = res["layer_bytes"]
 
             def row(engine, isa, d, test, stage, s, b, ops):
                 r = dict(base, engine=engine, isa=isa, threads=t, depth=d, test=test, stage=stage,
-                         seconds_per_token=f"{s:.6g}", read_dram_gbps=roof, int8_gops=round(peak, 1))
+                         seconds_per_token=f"{s:.6g}", read_dram_gbps=round(roof, 2), int8_gops=round(peak, 1))
                 if test == "tg":
                     return dict(r, bytes_per_token=b, gbps=round(b / s / 1e9, 2),
                                 frac_dram_roof=round(b / s / 1e9 / roof, 3))
                 return dict(r, gops=round(ops / s / 1e9, 1), frac_int8_peak=round(ops / s / 1e9 / peak, 3))
 
             for d, tests in res["depths"].items():
+                # decode divides by the DRAM roof probed around its own repetitions where the child
+                # probed it (child: "tg_roof"), else by the one measured before the child
+                roof = tests.get("tg_roof", roofs[t]["read_dram_gbps"])
                 for test, secs in tests.items():
+                    if test not in ("tg", "pp"):
+                        continue
                     name = "tg" if test == "tg" else f"pp{PREFILL}"
                     stages = []
                     for i, ratio in enumerate(KINDS):
@@ -387,5 +407,6 @@ def projection(run_id: str, rows: list[dict], depths: list[int], loads: dict | N
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
-    _, _, path, threads, depths, gen, repeat, cache = sys.argv
-    print(json.dumps(child(path, int(threads), [int(d) for d in depths.split(",")], int(gen), int(repeat), cache)))
+    _, _, path, threads, depths, gen, repeat, cache, tier = sys.argv
+    print(json.dumps(child(path, int(threads), [int(d) for d in depths.split(",")], int(gen), int(repeat), cache,
+                           tier)))

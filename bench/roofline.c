@@ -27,6 +27,9 @@
  * Each figure is the best of short timed passes repeated for at least 1 s (best, not median:
  * a roof is what the hardware can do; interference from other work only lowers a pass).
  * Usage: roofline THREADS LLC_BYTES DRAM_BYTES   -> one JSON object on stdout.
+ *        roofline THREADS 0 DRAM_BYTES           -> {"read_dram_gbps": ...} only (a quick probe
+ *        between timed repetitions: on a shared host the DRAM bandwidth a guest gets moves
+ *        from minute to minute).
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -34,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #if defined(ROOF_AVX512)
@@ -250,9 +254,16 @@ static void fma_pass(int threads) {
     }
 }
 
+/* On 2 MiB pages where the kernel allows (THP "madvise" mode needs the hint), as zen5 holds its
+ * weights (model.cpp alloc_zeroed): on 4 KiB pages the 1 GiB read paid TLB misses zen5's GEMV
+ * does not, and its roof sat below what the GEMV reached. */
 static float* alloc_floats(size_t n) {
-    float* p = aligned_alloc(64, n * sizeof(float));
+    size_t huge = (size_t)2 << 20, bytes = (n * sizeof(float) + huge - 1) / huge * huge;
+    float* p = aligned_alloc(huge, bytes);
     if (!p) { fprintf(stderr, "roofline: out of memory\n"); exit(1); }
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes, MADV_HUGEPAGE);
+#endif
     for (size_t i = 0; i < n; i++) p[i] = (float)(i & 1023) * 1e-3f;  /* fault every page in */
     return p;
 }
@@ -261,6 +272,14 @@ int main(int argc, char** argv) {
     if (argc != 4) { fprintf(stderr, "usage: roofline THREADS LLC_BYTES DRAM_BYTES\n"); return 2; }
     int threads = atoi(argv[1]);
     size_t sizes[2] = {(size_t)atoll(argv[2]), (size_t)atoll(argv[3])};
+    if (sizes[0] == 0) {
+        size_t quantum = 128 * 2 * 16, n = sizes[1] / sizeof(float) / quantum * quantum;
+        float* buf = alloc_floats(n);
+        printf("{\"threads\": %d, \"dram_bytes\": %zu, \"read_dram_gbps\": %.2f}\n", threads, sizes[1],
+               read_bw(buf, n, threads));
+        free(buf);
+        return 0;
+    }
     double rd[2], tr[2];
     size_t quantum = 128 * 2 * 16;  /* elements: divisible for every loop and both thread counts */
     for (int s = 0; s < 2; s++) {

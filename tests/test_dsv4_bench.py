@@ -69,13 +69,17 @@ def test_a_child_measures_every_stage_of_a_tiny_model(tmp_path):
     from dsv4_checkpoint import make_checkpoint
 
     ckpt = make_checkpoint(tmp_path / "tiny", shards=1)
-    out = dsv4_bench.child(str(ckpt), 1, [0, 128], 2, 1, "off")
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    tier = "avx512" if " avx512_vnni" in flags else "avx2"
+    out = dsv4_bench.child(str(ckpt), 1, [0, 128], 2, 1, "off", tier)
     n = len(out["layer_bytes"])
     assert n >= 3 and out["head_bytes"] > 0 and out["expert_bytes"] > 0
     for d in ("0", "128"):
         for test in ("tg", "pp"):
             stages = out["depths"][d][test]
             assert len(stages) == 2 * n + 1 and all(s > 0 for s in stages)
+        # the DRAM roof probed around the decode repetition (a real read of 1 GiB): plausible GB/s
+        assert 1.0 < out["depths"][d]["tg_roof"] < 2000.0
 
 
 def test_rows_give_each_stage_its_figures_and_the_peer_the_same_totals():
@@ -85,7 +89,7 @@ def test_rows_give_each_stage_its_figures_and_the_peer_the_same_totals():
     cfg = dsv4_bench.bench_config(16)
     secs = [0.001] * 6 + [0.01]
     res = {"isa": "avx512", "layer_bytes": [[100, 200, 10]] * 3, "head_bytes": 1000,
-           "depths": {"0": {"tg": secs, "pp": secs}}}
+           "depths": {"0": {"tg": secs, "pp": secs, "tg_roof": 40.0}}}
     run = dsv4_bench.DeepSeekV4Run(harness.BenchConfig(deepseek_v4=True, repeat=1), log=lambda m: None)
     rows = run.rows("run", {1: res}, {1: {"read_dram_gbps": 20.0, "int8_gops": 400.0}}, cfg,
                     {1: {(0, "tg"): 0.05}}, (Peer(), None))
@@ -93,6 +97,9 @@ def test_rows_give_each_stage_its_figures_and_the_peer_the_same_totals():
     assert len(zen5) == 2 * 8  # 6 layer halves, the rest and the total, for tg and pp512
     total = zen5[("tg", "total")]
     assert float(total["seconds_per_token"]) == pytest.approx(0.016)
+    # decode is divided by the roof probed around it (40), not the one measured before the child (20)
+    assert total["read_dram_gbps"] == 40.0
+    assert total["frac_dram_roof"] == round(total["bytes_per_token"] / 0.016 / 1e9 / 40.0, 3)
     assert total["bytes_per_token"] == 3 * (100 + 200 + 6 * 10) + sum(
         dsv4_bench.kv_bytes(cfg, r, 0) for r in dsv4_bench.KINDS) + 1000 + 2 * cfg["hidden_size"]
     (peer,) = [r for r in rows if r["engine"] == "llama.cpp-native"]

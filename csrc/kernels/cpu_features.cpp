@@ -111,6 +111,21 @@ IsaTier isa_tier(int i) {
 
 bool cpu_supports_avx512() { return isa_tier(3).kernels != nullptr; }
 
+bool cpu_is_amd() {
+    static const bool amd = [] {
+#if defined(__x86_64__) || defined(_M_X64)
+        unsigned a, b, c, d;
+        if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+        char v[13];  // the vendor string: EBX, EDX, ECX
+        std::memcpy(v, &b, 4), std::memcpy(v + 4, &d, 4), std::memcpy(v + 8, &c, 4), v[12] = 0;
+        return std::strcmp(v, "AuthenticAMD") == 0;
+#else
+        return false;
+#endif
+    }();
+    return amd;
+}
+
 const Kernels& kernels_by_name(const char* name) {
     for (int i = 0; i < kTierCount; ++i)
         if (std::strcmp(name, kTierNames[i]) == 0) {

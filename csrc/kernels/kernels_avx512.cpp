@@ -22,13 +22,22 @@ constexpr bool is_quant(int t) { return t == GGML_Q4_0 || t == GGML_Q4_1 || t ==
 constexpr size_t blk_bytes(int t) { return t == GGML_Q4_0 ? 18 : t == GGML_Q4_1 ? 20 : 34; }
 
 // Decode reads each weight once per token, a stream of ~100 MB that only just fits the cache
-// share this VM gets; the hardware prefetcher does not run far enough ahead of a GEMV doing
-// 8 dependent vpdpbusd per block, so fetch ahead: first 8 KB into L1 (swept 1-32 KB; faster
-// decode at 1 and 2 threads, commit 89db314), now kPrefetchBlocks blocks into L2 (8 KB of Q4_1,
-// 16 KB of Q8_0, whose 143 MB mostly come from DRAM): in alternating pairs against the former,
-// Q8_0 decode faster at 1 and 2 threads, Q4_1 unchanged (commit 45261a4; 16 KB of Q4_1 was
-// slower).
+// share this VM gets. On the Xeon this tier was tuned on, the hardware prefetcher did not run far
+// enough ahead of a GEMV doing 8 dependent vpdpbusd per block, so the kernel fetches ahead: first
+// 8 KB into L1 (swept 1-32 KB; faster decode at 1 and 2 threads, commit 89db314), now
+// kPrefetchBlocks blocks into L2 (8 KB of Q4_1, 16 KB of Q8_0): in alternating pairs against the
+// former, Q8_0 decode faster at 1 and 2 threads, Q4_1 unchanged (commit 45261a4; 16 KB of Q4_1
+// was slower). On an AMD Zen 4 the same prefetch makes Q8_0 slower: an 8192 x 8192 GEMV at 1
+// thread read 23-27 GB/s without it and 17-19 GB/s with 2-16 KB of it, and DeepSeek V4's Q8_0
+// attention projections decoded 22% faster at 1 thread and 11% at 2 without it (in-process
+// alternation on the V4 bench model); Q4_0 (1.7B Llama decode, 2% faster at 1 thread) and
+// MXFP4 (V4 experts, 3% faster than none or 64 blocks) keep it. So on AMD, Q8_0 streams with the
+// hardware prefetchers alone (prefetch_blocks).
 constexpr int kPrefetchBlocks = 32;
+int prefetch_blocks(int type) {
+    static const bool amd = cpu_is_amd();
+    return type == GGML_Q8_0 && amd ? 0 : kPrefetchBlocks;
+}
 
 inline __mmask16 tail_mask(int64_t left) {
     return left >= 16 ? __mmask16(0xFFFF) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
@@ -103,6 +112,9 @@ void row_tile(const WeightView& w, int64_t r, const float* x, int64_t ldx, float
 // made BF16 decode faster than the hardware prefetchers alone (2 KB into L1 best; commit
 // 10af0a5); on the panels, L2 at 2 / 4 / 8 KB beat L1 at 2 KB in 2-thread decode (commit
 // c77fd7c; 1 thread about equal).
+// On an AMD Zen 4, V4 Flash's BF16 head (1 GB) decoded 20% faster at 1 thread without it, and
+// equally fast at 2 (in-process alternation), so there the panels stream with the hardware
+// prefetchers alone (the AVX2 tier's finding on that machine too).
 constexpr size_t kPrefetchRow = 4096;
 // One band (64 rows, kernels.h: FloatPanels) x NT tokens: 4 x NT accumulators, one FMA chain
 // per (row, token) over the columns in order, so every tile shape gives the same bits. Each
@@ -121,9 +133,11 @@ void panel_tile(const FloatPanels& w, int64_t band, const float* x, int64_t ldx,
 #pragma GCC unroll 8
         for (int t = 0; t < NT; ++t) a[g][t] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[t * ldx + c]), a[g][t]);
     };
+    static const bool ahead = !cpu_is_amd();
     auto prefetch = [&](const uint8_t* step) {
         if constexpr (NT == 1)  // decode: one stream, fetched ahead (see kPrefetchRow)
-            for (size_t o = 0; o < sb; o += 64) _mm_prefetch((const char*)step + kPrefetchRow + o, _MM_HINT_T1);
+            if (ahead)
+                for (size_t o = 0; o < sb; o += 64) _mm_prefetch((const char*)step + kPrefetchRow + o, _MM_HINT_T1);
     };
     if constexpr (TYPE == GGML_BF16) {
         const __m512i hi = _mm512_set1_epi32(int(0xFFFF0000u));
@@ -838,14 +852,15 @@ void group_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, fl
     const int32_t* xc = x.c + t0;
     const float* xds = x.ds + t0;
     const int64_t qstep = x.ld * QK, gstep = w.blocks * w.block_bytes, sstep = w.blocks * w.scale_bytes;
+    const int pf = prefetch_blocks(TYPE);
     for (int64_t b = 0; b < w.blocks; ++b, xq += qstep, xd += x.ld, xc += x.ld, xds += x.ld) {
         const uint8_t* blk = w.at(g, b);
         const uint8_t* sc = w.scale_at(g, b);
-        if (t0 == 0)  // the first token tile streams the weights (see kPrefetchBlocks); later ones find them in L1
+        if (t0 == 0 && pf)  // the first token tile streams the weights (see kPrefetchBlocks); later ones find them in L1
             for (int h = 0; h < G; ++h) {
-                const char* ahead = (const char*)blk + h * gstep + kPrefetchBlocks * w.block_bytes;
+                const char* ahead = (const char*)blk + h * gstep + pf * w.block_bytes;
                 for (size_t o = 0; o < w.block_bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T1);
-                _mm_prefetch((const char*)sc + h * sstep + kPrefetchBlocks * w.scale_bytes, _MM_HINT_T1);
+                _mm_prefetch((const char*)sc + h * sstep + pf * w.scale_bytes, _MM_HINT_T1);
             }
         // j outer, tokens inner: consecutive vpdpbusd belong to different tokens' chains, so the
         // 5-cycle latency is hidden in program order, and only step j's weights (loaded, or
