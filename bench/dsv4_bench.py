@@ -20,10 +20,11 @@ Figures:
   decode  bytes per token of each stage (the matrices it reads, layer_bytes, with 6 of the 256
           experts, plus the KV rows attention reads at depth d: the 128-row window, the
           compressed rows, the indexer's rows and its top-512 picks) over the stage's time, as
-          a fraction of the DRAM read roof (roofline.py) probed before each decode repetition
-          and after the last, their median: the bandwidth this shared host gives a guest moves
-          by a factor of 1.7 from one second to the next, so a roof measured minutes away from
-          the timing can make the same kernel look 25% better or worse;
+          a fraction of the DRAM read roof (roofline.py) probed right before and right after
+          each decode repetition: each repetition over the mean of its two probes, the median
+          of those fractions. The bandwidth this shared host gives a guest moves by a factor of
+          1.7 from one second to the next, so a roof measured minutes away from the timing made
+          the same kernel look 25% better or worse, and above 100% of its roof;
   prefill the stage's matmul operations (2 x multiply-adds, from the config; attention scores
           and softmax not counted, so a lower bound) over its time, as a fraction of the tier's
           int8 peak measured in the same run.
@@ -136,9 +137,10 @@ def kv_bytes(cfg: dict, ratio: int, depth: int) -> int:
 
 def child(path: str, threads: int, depths: list[int], gen: int, repeat: int, cache: str, tier: str = "") -> dict:
     """One thread count in this process: load, then per depth decode and prefill timings. With a
-    tier, the DRAM read roof is probed (roofline.dram_read) before every decode repetition and
-    after the last: "tg_roof", their median, is what that depth's decode is divided by (the
-    bandwidth this VM gets moved between 31 and 53 GB/s at 2 threads within seconds)."""
+    tier, the DRAM read roof is probed (roofline.dram_read) right before and right after every
+    decode repetition: "tg_roofs" (their mean, per repetition) beside "tg_reps" (that
+    repetition's stage times), so each repetition is divided by the bandwidth of its own moment
+    (this VM's moved between 31 and 53 GB/s at 2 threads within seconds)."""
     import numpy as np
 
     from zen5.engine import Engine
@@ -171,12 +173,13 @@ def child(path: str, threads: int, depths: list[int], gen: int, repeat: int, cac
         runs: dict[str, list] = {"tg": [], "pp": []}
         roofs = []
         for _ in range(repeat):
-            if probe:
-                roofs.append(probe())
+            before = probe() if probe else 0.0
             ctx.reset_stage_seconds()
             for t in stream[d:d + gen]:
                 ctx.eval([t])
             runs["tg"].append([s / gen for s in ctx.stage_seconds()])
+            if probe:
+                roofs.append((before + probe()) / 2)
             ctx.rewind(d)
             ctx.reset_stage_seconds()
             ctx.eval(stream[d:d + PREFILL])
@@ -186,8 +189,7 @@ def child(path: str, threads: int, depths: list[int], gen: int, repeat: int, cac
         out["depths"][str(d)] = {k: [statistics.median(r[i] for r in v) for i in range(len(v[0]))]
                                  for k, v in runs.items()}
         if probe:
-            roofs.append(probe())
-            out["depths"][str(d)]["tg_roof"] = statistics.median(roofs)
+            out["depths"][str(d)].update(tg_reps=runs["tg"], tg_roofs=roofs)
     return out
 
 
@@ -292,18 +294,20 @@ class DeepSeekV4Run:
             peak = roofline.int8_peak(roofs[t])
             lb = res["layer_bytes"]
 
-            def row(engine, isa, d, test, stage, s, b, ops):
+            def row(engine, isa, d, test, stage, s, b, ops, per_rep=None):
                 r = dict(base, engine=engine, isa=isa, threads=t, depth=d, test=test, stage=stage,
                          seconds_per_token=f"{s:.6g}", read_dram_gbps=round(roof, 2), int8_gops=round(peak, 1))
-                if test == "tg":
-                    return dict(r, bytes_per_token=b, gbps=round(b / s / 1e9, 2),
-                                frac_dram_roof=round(b / s / 1e9 / roof, 3))
+                if test == "tg":  # per_rep: [(seconds, roof)] of the repetitions, where probed
+                    frac = statistics.median(b / x / 1e9 / g for x, g in per_rep) if per_rep else b / s / 1e9 / roof
+                    return dict(r, bytes_per_token=b, gbps=round(b / s / 1e9, 2), frac_dram_roof=round(frac, 3))
                 return dict(r, gops=round(ops / s / 1e9, 1), frac_int8_peak=round(ops / s / 1e9 / peak, 3))
 
             for d, tests in res["depths"].items():
-                # decode divides by the DRAM roof probed around its own repetitions where the child
-                # probed it (child: "tg_roof"), else by the one measured before the child
-                roof = tests.get("tg_roof", roofs[t]["read_dram_gbps"])
+                # decode: each repetition over the DRAM roof probed around it, the median of those
+                # fractions, where the child probed (child: "tg_roofs"); else over the roof
+                # measured before the child
+                reps = list(zip(tests.get("tg_reps", []), tests.get("tg_roofs", [])))
+                roof = statistics.median(r for _, r in reps) if reps else roofs[t]["read_dram_gbps"]
                 for test, secs in tests.items():
                     if test not in ("tg", "pp"):
                         continue
@@ -319,7 +323,11 @@ class DeepSeekV4Run:
                     stages.append(("rest", secs[-1], res["head_bytes"] + 2 * cfg["hidden_size"],
                                    2.0 * cfg["vocab_size"] * cfg["hidden_size"] / (1 if test == "tg" else PREFILL)))
                     total = ("total", *(sum(x[i] for x in stages) for i in (1, 2, 3)))
-                    out += [row("zen5", res["isa"], int(d), name, *st) for st in stages + [total]]
+                    # a stage's seconds in each repetition (stage order: the child's), and the total's
+                    per_rep = [[(rs[j], g) for rs, g in reps] for j in range(len(stages))] + [
+                        [(sum(rs), g) for rs, g in reps]] if test == "tg" else [None] * (len(stages) + 1)
+                    out += [row("zen5", res["isa"], int(d), name, *st, per_rep=pr)
+                            for st, pr in zip(stages + [total], per_rep)]
                     if (int(d), name) in peer.get(t, {}):
                         bench = llama[0]
                         peers.append(row(bench.name, bench.isa, int(d), name, "total", peer[t][(int(d), name)],
@@ -339,8 +347,10 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def projection(run_id: str, rows: list[dict], depths: list[int], loads: dict | None = None) -> str:
-    """The full V4 Flash from the measured stages: here, and on the named Zen 5 (ZEN5)."""
+def projection(run_id: str, rows: list[dict], depths: list[int], results: dict | None = None) -> str:
+    """The full V4 Flash from the measured stages: here, and on the named Zen 5 (ZEN5). With the
+    children's results (their per-repetition decode times and roofs), decode's fraction is the
+    median over repetitions of the full model's bytes over its time and that repetition's roof."""
     flash = flash_config()
     ratios = flash["compress_ratios"][:flash["num_hidden_layers"]]
     count = {r: ratios.count(r) for r in KINDS}
@@ -380,6 +390,12 @@ def projection(run_id: str, rows: list[dict], depths: list[int], loads: dict | N
                         count[r] * (stage(f"attn_r{r}")["bytes_per_token"] + stage(f"ffn_r{r}")["bytes_per_token"])
                         for r in KINDS)
                     frac = b / secs / 1e9 / stage("rest")["read_dram_gbps"]
+                    probed = ((results or {}).get(t) or {}).get("depths", {}).get(str(d), {})
+                    if probed.get("tg_roofs"):  # stage order: attn, ffn per kind in KINDS, then the rest
+                        full = [rs[-1] + sum(count[r] * (rs[2 * i] + rs[2 * i + 1]) for i, r in enumerate(KINDS))
+                                for rs in probed["tg_reps"]]
+                        frac = statistics.median(b / x / 1e9 / g for x, g in zip(full, probed["tg_roofs"]))
+                        secs = statistics.median(full)
                     there = frac * z_bw * 1e9 / b
                     amount = f"{b / 1e9:.2f} GB"
                 else:
@@ -390,7 +406,7 @@ def projection(run_id: str, rows: list[dict], depths: list[int], loads: dict | N
                     amount = f"{ops / 1e9:.1f} GOP"
                 lines.append(f"| {t} | {d} | {'decode' if test == 'tg' else 'prefill ' + str(PREFILL)} | {amount} | "
                              f"{1 / secs:.2f} tok/s | {frac:.1%} | {there:.0f} tok/s |")
-    for t, r in sorted((loads or {}).items()):
+    for t, r in sorted((t, r) for t, r in (results or {}).items() if "load_s" in r):
         lines.append(f"\nLoad of the bench model at {t} thread(s): {r['load_s']:.1f} s to a ready engine (weight "
                      f"cache {r['weight_cache']['status']}); its routed experts ({r['expert_bytes'] / 1e9:.1f} GB) are "
                      f"packed on first use, here all at once before timing: {r['experts_s']:.1f} s.")

@@ -78,8 +78,10 @@ def test_a_child_measures_every_stage_of_a_tiny_model(tmp_path):
         for test in ("tg", "pp"):
             stages = out["depths"][d][test]
             assert len(stages) == 2 * n + 1 and all(s > 0 for s in stages)
-        # the DRAM roof probed around the decode repetition (a real read of 1 GiB): plausible GB/s
-        assert 1.0 < out["depths"][d]["tg_roof"] < 2000.0
+        # the DRAM roof probed around the decode repetition (a real read of 1 GiB): plausible GB/s,
+        # beside that repetition's stage times
+        (roof,) = out["depths"][d]["tg_roofs"]
+        assert 1.0 < roof < 2000.0 and out["depths"][d]["tg_reps"] == [out["depths"][d]["tg"]]
 
 
 def test_rows_give_each_stage_its_figures_and_the_peer_the_same_totals():
@@ -89,7 +91,7 @@ def test_rows_give_each_stage_its_figures_and_the_peer_the_same_totals():
     cfg = dsv4_bench.bench_config(16)
     secs = [0.001] * 6 + [0.01]
     res = {"isa": "avx512", "layer_bytes": [[100, 200, 10]] * 3, "head_bytes": 1000,
-           "depths": {"0": {"tg": secs, "pp": secs, "tg_roof": 40.0}}}
+           "depths": {"0": {"tg": secs, "pp": secs}}}
     run = dsv4_bench.DeepSeekV4Run(harness.BenchConfig(deepseek_v4=True, repeat=1), log=lambda m: None)
     rows = run.rows("run", {1: res}, {1: {"read_dram_gbps": 20.0, "int8_gops": 400.0}}, cfg,
                     {1: {(0, "tg"): 0.05}}, (Peer(), None))
@@ -97,11 +99,36 @@ def test_rows_give_each_stage_its_figures_and_the_peer_the_same_totals():
     assert len(zen5) == 2 * 8  # 6 layer halves, the rest and the total, for tg and pp512
     total = zen5[("tg", "total")]
     assert float(total["seconds_per_token"]) == pytest.approx(0.016)
-    # decode is divided by the roof probed around it (40), not the one measured before the child (20)
-    assert total["read_dram_gbps"] == 40.0
-    assert total["frac_dram_roof"] == round(total["bytes_per_token"] / 0.016 / 1e9 / 40.0, 3)
+    assert total["read_dram_gbps"] == 20.0 and total["frac_dram_roof"] == round(
+        total["bytes_per_token"] / 0.016 / 1e9 / 20.0, 3)
     assert total["bytes_per_token"] == 3 * (100 + 200 + 6 * 10) + sum(
         dsv4_bench.kv_bytes(cfg, r, 0) for r in dsv4_bench.KINDS) + 1000 + 2 * cfg["hidden_size"]
     (peer,) = [r for r in rows if r["engine"] == "llama.cpp-native"]
     assert (peer["test"], peer["bytes_per_token"]) == ("tg", total["bytes_per_token"])
     assert peer["gbps"] == round(total["bytes_per_token"] / 0.05 / 1e9, 2)
+
+
+def test_decode_fractions_pair_each_repetition_with_the_roof_probed_around_it():
+    cfg = dsv4_bench.bench_config(16)
+    base = [0.001] * 6 + [0.01]
+    reps = [[x * k for x in base] for k in (1, 2, 3)]  # the total: 0.016, 0.032, 0.048 s
+    res = {"isa": "avx512", "layer_bytes": [[10**8, 2 * 10**8, 10**7]] * 3, "head_bytes": 10**9,
+           "depths": {"0": {"tg": reps[1], "pp": base, "tg_reps": reps, "tg_roofs": [40.0, 10.0, 40.0]}}}
+    run = dsv4_bench.DeepSeekV4Run(harness.BenchConfig(deepseek_v4=True, repeat=3), log=lambda m: None)
+    rows = run.rows("run", {1: res}, {1: {"read_dram_gbps": 20.0, "int8_gops": 400.0}}, cfg, {}, None)
+    total = next(r for r in rows if (r["test"], r["stage"]) == ("tg", "total"))
+    b = total["bytes_per_token"] / 1e9
+    # per repetition b/0.016/40, b/0.032/10, b/0.048/40: the median is the first, not the ratio of
+    # the medians (b/0.032/40); the roof shown is the median probe
+    assert total["frac_dram_roof"] == round(b / 0.016 / 40, 3) != round(b / 0.032 / 40, 3)
+    assert total["read_dram_gbps"] == 40.0
+    # the projection pairs the full model's per-repetition time with the same roofs
+    text = dsv4_bench.projection("run", rows, [0], {1: res})
+    count = {0: 2, 4: 21, 128: 20}
+    full = [rs[-1] + sum(count[r] * (rs[2 * i] + rs[2 * i + 1]) for i, r in enumerate(dsv4_bench.KINDS))
+            for rs in reps]
+    rest = next(r for r in rows if (r["test"], r["stage"]) == ("tg", "rest"))["bytes_per_token"]
+    layer = {r["stage"]: r["bytes_per_token"] for r in rows if r["test"] == "tg"}
+    fb = rest + sum(count[r] * (layer[f"attn_r{r}"] + layer[f"ffn_r{r}"]) for r in dsv4_bench.KINDS)
+    want = sorted(fb / x / 1e9 / g for x, g in zip(full, [40.0, 10.0, 40.0]))[1]
+    assert f"| {1 / full[1]:.2f} tok/s | {want:.1%} |" in text
