@@ -111,7 +111,7 @@ IsaTier isa_tier(int i) {
 
 bool cpu_supports_avx512() { return isa_tier(3).kernels != nullptr; }
 
-bool cpu_is_amd() {
+bool cpu_is_amd() noexcept {
     static const bool amd = [] {
 #if defined(__x86_64__) || defined(_M_X64)
         unsigned a, b, c, d;

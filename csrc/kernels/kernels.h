@@ -267,7 +267,7 @@ struct IsaTier {
 constexpr int kTierCount = 4;
 IsaTier isa_tier(int i);  // i in [0, kTierCount)
 bool cpu_supports_avx512();
-bool cpu_is_amd();  // CPUID vendor "AuthenticAMD": the kernels' software prefetch differs (kernels_avx512.cpp)
+bool cpu_is_amd() noexcept;  // CPUID vendor "AuthenticAMD": the kernels' software prefetch differs (kernels_avx512.cpp)
 // Chooses the table once: the best supported tier, or ZEN5_FORCE_ISA; throws std::runtime_error
 // naming what is missing on a bad request.
 const Kernels& select_kernels();
