@@ -65,21 +65,22 @@ def _binary(tier: str = "avx512") -> Path:
     return exe
 
 
+def _run(threads: int, tier: str, llc_bytes: int) -> dict:
+    env = dict(os.environ, OMP_PROC_BIND="spread", OMP_WAIT_POLICY="passive")
+    out = subprocess.run([str(_binary(tier)), str(threads), str(llc_bytes), str(DRAM_BYTES)],
+                         check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(out)
+
+
 def dram_read(threads: int, tier: str = "avx512") -> float:
     """The DRAM read roof alone (GB/s), about a second: a probe between timed repetitions."""
-    env = dict(os.environ, OMP_PROC_BIND="spread", OMP_WAIT_POLICY="passive")
-    out = subprocess.run([str(_binary(tier)), str(threads), "0", str(DRAM_BYTES)],
-                         check=True, capture_output=True, text=True, env=env).stdout
-    return float(json.loads(out)["read_dram_gbps"])
+    return float(_run(threads, tier, 0)["read_dram_gbps"])
 
 
 def measure(threads: int, tier: str = "avx512") -> dict:
     """Roofs of `tier` at `threads` threads: tier, read_llc_gbps, read_dram_gbps, triad_*,
     int8_gops (+ the tier's own int8 figures), fma_fp32_gflops, int8_insn, fma_insn."""
-    env = dict(os.environ, OMP_PROC_BIND="spread", OMP_WAIT_POLICY="passive")
-    out = subprocess.run([str(_binary(tier)), str(threads), str(LLC_BYTES), str(DRAM_BYTES)],
-                         check=True, capture_output=True, text=True, env=env).stdout
-    return json.loads(out)
+    return _run(threads, tier, LLC_BYTES)
 
 
 def int8_peak(roof: dict) -> float:

@@ -237,6 +237,7 @@ void V4Context::matmuls(const std::vector<MatJob>& jobs) {
     // int8 matmul over 16-row groups; float weights read panels of kPanelRows-row bands
     const size_t J = jobs.size();
     std::vector<size_t> act(J, SIZE_MAX);  // job -> the block offset of its quantized input
+    std::vector<bool> first(J, false);     // the job that quantizes it (later ones share it)
     size_t blocks = 0;
     for (size_t j = 0; j < J; ++j) {
         const MatJob& m = jobs[j];
@@ -245,7 +246,7 @@ void V4Context::matmuls(const std::vector<MatJob>& jobs) {
             if (act[i] != SIZE_MAX && jobs[i].x == m.x && jobs[i].n == m.n && jobs[i].ldx == m.ldx &&
                 jobs[i].w->cols == m.w->cols)
                 act[j] = act[i];
-        if (act[j] == SIZE_MAX) act[j] = blocks, blocks += size_t(m.n) * (m.w->cols / QK);
+        if (act[j] == SIZE_MAX) act[j] = blocks, first[j] = true, blocks += size_t(m.n) * (m.w->cols / QK);
     }
     if (act_q_.size() < blocks * QK) act_q_.resize(blocks * QK);
     if (act_d_.size() < blocks) act_d_.resize(blocks), act_ds_.resize(blocks), act_c_.resize(blocks);
@@ -255,7 +256,7 @@ void V4Context::matmuls(const std::vector<MatJob>& jobs) {
         if (act[j] == SIZE_MAX) continue;
         const size_t o = act[j];
         qa[j] = QuantAct{act_q_.data() + o * QK, act_d_.data() + o, act_c_.data() + o, act_ds_.data() + o, m.w->cols, m.n};
-        if (std::find(act.begin(), act.begin() + j, o) != act.begin() + j) continue;  // shared, done
+        if (!first[j]) continue;
         for (int t = 0; t < m.n; ++t)  // token t's block b at b * n + t
             k_.quantize_act(m.x + t * m.ldx, 1, m.w->cols, m.n, act_q_.data() + (o + t) * QK, act_d_.data() + o + t,
                             act_c_.data() + o + t, act_ds_.data() + o + t);
