@@ -1,7 +1,8 @@
 """Render the README's Performance section from bench/results (numbers are never typed by hand).
 
-Reads the latest full run (workload "full", highest run_id) from `bench/results/<cpu>-bench.csv`,
-the roofs measured in that run from `<cpu>-roofline.csv`, and the frontier walk from
+Reads each CPU's latest full run (workload "full", highest run_id) from
+`bench/results/<cpu>-bench.csv`, newest first (an AVX-512 and an AVX2-only machine each get a
+table), the roofs measured in that run from `<cpu>-roofline.csv`, and the frontier walk from
 `<cpu>-frontier.csv` (plus `<cpu>-frontier-kv-<type>.csv`, the other KV cache types of the
 same walk); then one more table per run of a forced lower ISA tier, `<cpu>-<tier>-bench.csv`
 (`python -m zen5 bench --isa avx2`: its latest full or custom run, with its own roofs and
@@ -47,20 +48,20 @@ def _read(path: Path) -> list[dict]:
         return list(csv.DictReader(fh))
 
 
-def latest_run(results: Path) -> tuple[Path, list[dict]]:
-    """The latest full run of the CPUs' best tiers (`<cpu>-bench.csv`; not the forced-tier files)."""
-    best = None
+def latest_runs(results: Path) -> list[tuple[Path, list[dict]]]:
+    """Per CPU (`<cpu>-bench.csv`, its best tier; not the forced-tier files) its latest full run,
+    the newest first: an AVX-512 machine's table and an AVX2-only machine's stand side by side."""
+    runs = []
     for path in sorted(results.glob("*-bench.csv")):
         if split_stem(path)[1]:
             continue
         rows = [r for r in _read(path) if r["workload"] == "full"]
         if rows:
             run_id = max(r["run_id"] for r in rows)
-            if best is None or run_id > best[0]:
-                best = (run_id, path, [r for r in rows if r["run_id"] == run_id])
-    if best is None:
+            runs.append((run_id, path, [r for r in rows if r["run_id"] == run_id]))
+    if not runs:
         raise FileNotFoundError(f"no full benchmark run in {results}/*-bench.csv: run `python -m zen5 bench`")
-    return best[1], best[2]
+    return [(path, rows) for _, path, rows in sorted(runs, key=lambda t: t[0], reverse=True)]
 
 
 def _fmt(x: float) -> str:
@@ -150,12 +151,12 @@ def render(results: Path) -> str:
     real = [render_real(p, r) for p, r in real_runs(results)]
     real += [render_dsv4(p) for p in sorted(results.glob("*-dsv4-projection.md"))]
     try:
-        path, rows = latest_run(results)
+        best = [render_best(results, p, r) for p, r in latest_runs(results)]
     except FileNotFoundError:
         if not tiers and not real:
             raise
-        return "\n\n".join([render_tier(results, p, r) for p, r in tiers] + real)
-    return "\n\n".join([render_best(results, path, rows)] + [render_tier(results, p, r) for p, r in tiers] + real)
+        best = []
+    return "\n\n".join(best + [render_tier(results, p, r) for p, r in tiers] + real)
 
 
 # ---------------------------------------------------------------- real model sizes

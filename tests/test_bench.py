@@ -78,8 +78,8 @@ def test_quick_run_writes_csv_frontier_plot_and_json(tmp_path, smollm2_path):
     assert not list(tmp_path.glob(f"{cpu}-bench.csv"))  # a quick run never touches the real results
 
 
-def _fake_results(d: Path, run_id: str, zen_tps: float) -> None:
-    base = dict(run_id=run_id, date=run_id, commit="abc1234", cpu="Test_CPU", workload="full",
+def _fake_results(d: Path, run_id: str, zen_tps: float, cpu: str = "Test_CPU") -> None:
+    base = dict(run_id=run_id, date=run_id, commit="abc1234", cpu=cpu, workload="full",
                 build="b", isa="avx512", model="m.gguf", n_tokens=512, repeats=5, tps_min=1,
                 tps_max=1, achieved=1, unit="GOP/s", frac_alt=0.1, steal_ticks=0, steal_pct=0.5,
                 load1_start=0.4)
@@ -91,8 +91,8 @@ def _fake_results(d: Path, run_id: str, zen_tps: float) -> None:
     # decode streams 100 MB of weights per token: 30 GB/s at 300 tok/s
     rows.append(dict(base, engine="zen5", quant="Q4_1", threads=2, test="tg128", n_tokens=128, tps_median=300.0,
                      achieved=30.0, unit="GB/s", frac_peak=0.5))
-    harness.append_csv(d / "Test_CPU-bench.csv", harness.COLUMNS, rows)
-    harness.append_csv(d / "Test_CPU-roofline.csv",
+    harness.append_csv(d / f"{cpu}-bench.csv", harness.COLUMNS, rows)
+    harness.append_csv(d / f"{cpu}-roofline.csv",
                        ("run_id", "threads", "read_llc_gbps", "read_dram_gbps", "vnni_int8_gops", "fma_fp32_gflops"),
                        [dict(run_id=run_id, threads=2, read_llc_gbps=59.3, read_dram_gbps=33.4,
                              vnni_int8_gops=1769, fma_fp32_gflops=442)])
@@ -131,6 +131,19 @@ def test_report_renders_latest_full_run_between_markers(tmp_path):
     assert "produce the same tokens at 500 tok/s at 512 (2.00x) and 200 at 8192 (2.50x)" in text
     report.update_readme(tmp_path, readme)
     assert readme.read_text() == text  # idempotent
+
+
+def test_report_gives_each_cpu_its_latest_full_run_newest_first(tmp_path):
+    """An AVX-512 machine's run and an AVX2-only machine's run both stay in the README, each with
+    its own latest run and roofs; the newer machine's table comes first."""
+    _fake_results(tmp_path, "2026-01-01T00:00:00", 200.0, cpu="Intel_Xeon")
+    _fake_results(tmp_path, "2026-01-03T00:00:00", 150.0, cpu="AMD_EPYC_Zen3")
+    _fake_results(tmp_path, "2026-01-04T00:00:00", 160.0, cpu="AMD_EPYC_Zen3")  # Zen 3's latest wins
+    text = report.render(tmp_path)
+    zen3 = text.index("from `bench/results/AMD_EPYC_Zen3-bench.csv`: run 2026-01-04T00:00:00")
+    xeon = text.index("from `bench/results/Intel_Xeon-bench.csv`: run 2026-01-01T00:00:00")
+    assert zen3 < xeon and "run 2026-01-03" not in text
+    assert "| Q4_1 | 2 | pp512 | 160 |" in text[zen3:xeon] and "| Q4_1 | 2 | pp512 | 200 |" in text[xeon:]
 
 
 def test_prefill_roof_is_the_peak_of_the_unit_the_weights_use():
