@@ -2,7 +2,8 @@
 
 `measure(threads, tier)` compiles bench/roofline.c for one zen5 ISA tier (with only that tier's
 flags, never -march=native; once per source version and tier, cached under ~/.cache/zen5/bench/)
-and runs it: best-of-several read and triad bandwidth with the tier's vector width and a working
+and runs it (the harness at the start and at the end of a run, keeping the higher of each figure:
+`best_of`): best-of-several read and triad bandwidth with the tier's vector width and a working
 set inside the last-level cache share this VM gets (48 MiB: larger than the L2s, smaller than the
 L3 a guest here sees) and one far beyond it (1 GiB, so from DRAM), and the int8 and fp32 FMA peaks
 of the instructions the tier's kernels use:
@@ -81,6 +82,15 @@ def measure(threads: int, tier: str = "avx512") -> dict:
     """Roofs of `tier` at `threads` threads: tier, read_llc_gbps, read_dram_gbps, triad_*,
     int8_gops (+ the tier's own int8 figures), fma_fp32_gflops, int8_insn, fma_insn."""
     return _run(threads, tier, LLC_BYTES)
+
+
+def best_of(a: dict, b: dict) -> dict:
+    """Two measurements of the same roofs (a run's start and end) as one: every figure the higher
+    of the two. On a VM whose cores are shared, a probe taken in a slow window (measured here: an
+    AVX2 int8 peak of 208 GOP/s at one thread where another probe 25 minutes earlier gave 302)
+    would overstate every fraction the run divides by it; the best the machine showed is the roof."""
+    return {k: max(v, b[k]) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+            for k, v in a.items()}
 
 
 def int8_peak(roof: dict) -> float:

@@ -318,6 +318,18 @@ def test_cpu_names_tell_amd_generations_and_intel_apart():
     assert results_log.cpu_name(_cpuinfo("AuthenticAMD", 99, 3, "AMD EPYC", ZEN4)) == "AMD_EPYC_f99m3"
 
 
+def test_roofs_measured_twice_keep_the_higher_of_each_figure():
+    """The harness probes the roofs at a run's start and end; a slow window in one probe must not
+    lower the roof the run is divided by (fractions would read high), figure by figure."""
+    import roofline
+    start = {"tier": "avx2", "threads": 1, "read_llc_gbps": 18.5, "read_dram_gbps": 13.7, "int8_gops": 208.1,
+             "fma_fp32_gflops": 100.4, "int8_insn": "vpmaddubsw+vpaddw ymm"}
+    end = dict(start, read_llc_gbps=20.3, int8_gops=302.0, fma_fp32_gflops=95.4)
+    best = roofline.best_of(start, end)
+    assert best == dict(start, read_llc_gbps=20.3, int8_gops=302.0)
+    assert roofline.fractions("pp512", 1000, best, 10**8, 2.0e8, "Q4_1")[2] == pytest.approx(200.0 / 302.0)
+
+
 def test_prefill_roof_uses_the_tier_int8_peak():
     import roofline
     roof = {"read_llc_gbps": 50.0, "read_dram_gbps": 25.0, "int8_gops": 400.0, "maddubs_i32_gops": 250.0,
