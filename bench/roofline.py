@@ -89,8 +89,7 @@ def best_of(a: dict, b: dict) -> dict:
     of the two. On a VM whose cores are shared, a probe taken in a slow window (measured here: an
     AVX2 int8 peak of 208 GOP/s at one thread where another probe 25 minutes earlier gave 302)
     would overstate every fraction the run divides by it; the best the machine showed is the roof."""
-    return {k: max(v, b[k]) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
-            for k, v in a.items()}
+    return {k: max(v, b[k]) if isinstance(v, (int, float)) else v for k, v in a.items()}
 
 
 def int8_peak(roof: dict) -> float:

@@ -25,10 +25,6 @@ namespace {
 // to no prefetch, commit 11c95ce; 1 KB was not tried there.)
 constexpr size_t kDecodePrefetch = 1024;
 
-static inline void prefetch_l2(const void* p, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char*)p + o, _MM_HINT_T1);
-}
-
 static inline float half(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return _cvtsh_ss(v); }
 
 // 4 activation bytes broadcast to every lane, read through a type that may alias int8 data.
@@ -77,7 +73,7 @@ void octet_tile(const PackedWeights& w, int64_t k0, const QuantAct& x, int t0, f
             pay[h] = w.at(k >> 1, b) + 32 * (k & 1);
             sc[h] = w.scale_at(k >> 1, b) + (fp4 ? 8 : 16) * (k & 1);  // 8 rows' scales: E8M0 bytes or fp16
         }
-        if constexpr (NT == 1) prefetch_l2(w.at(k0 >> 1, b) + kDecodePrefetch, w.block_bytes);
+        if constexpr (NT == 1) prefetch_bytes(w.at(k0 >> 1, b) + kDecodePrefetch, w.block_bytes);
         __m256i acc[O][NT];
 #ifdef ZEN5_AVXVNNI
         constexpr bool i16 = false;
@@ -416,7 +412,7 @@ void panel_tile(const FloatPanels& w, int64_t band, int g0, const float* x, int6
     };
     const int64_t steps = TYPE == GGML_BF16 ? w.cols / 2 : w.cols;
     for (int64_t s = 0; s < steps; ++s, p += sb) {
-        if constexpr (NT == 1) prefetch_l2(p + kDecodePrefetch, sb);
+        if constexpr (NT == 1) prefetch_bytes(p + kDecodePrefetch, sb);
 #pragma GCC unroll 2
         for (int hc = 0; hc < (TYPE == GGML_BF16 ? 2 : 1); ++hc)
 #pragma GCC unroll 4

@@ -33,6 +33,11 @@ void attn_scores_q8(const float* q, int nq, const uint8_t* k, const float* ks, i
 void attn_values_q8(const float* p, int64_t ldp, int nq, const int8_t* v, const float* vs, int64_t qstride, int n,
                     int hd, float* out, int64_t ldo);
 
+// Every 64-byte line of [p, p + bytes) into L2 (the matmuls' decode and the attention kernels).
+static inline void prefetch_bytes(const void* p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char*)p + o, _MM_HINT_T1);
+}
+
 // Lanes [0, left) set (all when left >= 8): the mask for a partial vector of 8 floats.
 static inline __m256i tail_mask8(int64_t left) {
     const int l = left >= 8 ? 8 : left <= 0 ? 0 : int(left);

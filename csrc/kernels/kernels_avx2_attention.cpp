@@ -34,9 +34,6 @@ static inline P fresh(P p) {
 
 // The AVX-512 tier's prefetch distances (its comments give the measurements).
 constexpr int kRowsAhead = 32, kTilesAhead = 4, kTilesAheadQ8 = 8, kQuadsAhead = 32;
-static inline void prefetch_bytes(const void* p, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char*)p + o, _MM_HINT_T1);
-}
 
 // 8 floats from fp32 or fp16
 static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
