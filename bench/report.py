@@ -223,7 +223,9 @@ def render_real(path: Path, rows: list[dict]) -> str:
                 "(/proc/<pid>/status: VmHWM, the peak during load and the first token; VmRSS after it), "
                 "medians (peak: the max) over the repetitions; zen5's KV cache (sized for the tests) apart. "
                 "*reads/token*: the matrix bytes one decoded token reads. zen5 *first load*: no weight cache yet, "
-                "so it packs the weights and writes the cache (zen5/weight_cache.py); zen5: every later load, "
+                "so it packs the weights; the cache file is written afterwards, in the background "
+                "(zen5/weight_cache.py; runs recorded before 2026-12-03 wrote it before the first token); "
+                "zen5: every later load, "
                 "which maps the cache.", "",
             "| model | weights | file | reads/token | engine | threads | load | peak RSS (load) | RSS after load "
             "| KV cache |", "|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]

@@ -33,8 +33,24 @@ std::string errno_text(const char* what) { return std::string(what) + ": " + std
 }  // namespace
 
 ArenaCache::~ArenaCache() {
+    finish();
     stop_ = true;
     if (promoter_.joinable()) promoter_.join();
+}
+
+std::string ArenaCache::status() const {
+    std::lock_guard<std::mutex> lock(status_mu_);
+    return status_;
+}
+
+void ArenaCache::set_status(std::string s) {
+    std::lock_guard<std::mutex> lock(status_mu_);
+    status_ = std::move(s);
+}
+
+void ArenaCache::finish() {
+    std::lock_guard<std::mutex> lock(finish_mu_);
+    if (writer_.joinable()) writer_.join();
 }
 
 bool ArenaCache::map(uint8_t* arena, size_t reserved, size_t bytes, uint64_t seed, uint64_t& fingerprint) {
@@ -67,7 +83,7 @@ bool ArenaCache::map(uint8_t* arena, size_t reserved, size_t bytes, uint64_t see
         return false;
     }
     fingerprint = t.fingerprint;
-    status_ = "hit";
+    set_status("hit");
     done_ = false;
     promoter_ = std::thread([this, arena, bytes] { promote(arena, bytes); });
     return true;
@@ -111,20 +127,32 @@ void ArenaCache::write(const uint8_t* arena, size_t bytes, uint64_t seed, uint64
 #ifdef __linux__
     if (path_.empty()) return;
     if (!write_) {
-        status_ = "not written: too little free disk space";
+        set_status("not written: too little free disk space");
         return;
     }
+    set_status("writing");
+    writer_ = std::thread([this, arena, bytes, seed, fingerprint] {
+        // low priority: inference, which starts meanwhile, comes first
+        setpriority(PRIO_PROCESS, id_t(syscall(SYS_gettid)), 10);
+        const std::string why = write_file(arena, bytes, seed, fingerprint);
+        set_status(why.empty() ? "written" : "not written: " + why);
+    });
+#else
+    (void)arena, (void)bytes, (void)seed, (void)fingerprint;
+#endif
+}
+
+// The file under a temporary name, renamed when complete: no reader ever sees a partial file.
+// Returns "" or why it was not written (nothing is left behind then).
+std::string ArenaCache::write_file(const uint8_t* arena, size_t bytes, uint64_t seed, uint64_t fingerprint) const {
+#ifdef __linux__
     Trailer t{};
     std::memcpy(t.magic, kMagic, 8);
     t.layout = kLayout, t.bytes = bytes, t.key = key_, t.seed = seed, t.fingerprint = fingerprint;
     t.check = trailer_check(t);
-    // a temporary name, renamed when complete: no reader ever sees a partial file
     const std::string tmp = path_ + ".tmp." + std::to_string(getpid());
     const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        status_ = "not written: " + errno_text("cannot create the file");
-        return;
-    }
+    if (fd < 0) return errno_text("cannot create the file");
     auto put = [fd](const uint8_t* p, size_t n) {
         while (n) {
             const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t(1) << 30));
@@ -138,14 +166,11 @@ void ArenaCache::write(const uint8_t* arena, size_t bytes, uint64_t seed, uint64
     std::string why = ok ? "" : errno_text("writing failed");
     if (close(fd) != 0 && ok) ok = false, why = errno_text("closing failed");  // e.g. ENOSPC at writeback
     if (ok && rename(tmp.c_str(), path_.c_str()) != 0) ok = false, why = errno_text("rename failed");
-    if (!ok) {
-        unlink(tmp.c_str());
-        status_ = "not written: " + why;
-        return;
-    }
-    status_ = "written";
+    if (!ok) unlink(tmp.c_str());
+    return why;
 #else
     (void)arena, (void)bytes, (void)seed, (void)fingerprint;
+    return "not supported";
 #endif
 }
 

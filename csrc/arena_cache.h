@@ -13,6 +13,12 @@
 // file mapping with mremap: the move is atomic for readers (a concurrent access sees the old or the
 // new page, with the same bytes), so decoding runs during it, from the first token on.
 //
+// The first load writes the file from a background thread at low priority, so the first token
+// does not wait for the disk: on an AMD EPYC Zen 3 VM, writing SmolLM2-1.7B's 0.92 GB Q4_0 arena
+// took 2.8 s, where packing it took 0.9 (write() copies into the page cache, and past the dirty
+// limit waits for writeback). The arena is immutable once packed, so inference reads it
+// meanwhile; destroying the cache (the model) waits for the write to end.
+//
 // The file is the arena's bytes then a 64-byte trailer (magic, layout version, size, the source's
 // identity key, the configuration's hash and the fingerprint, and a checksum of the trailer). It
 // is written to a temporary name and renamed, so a crash or a full disk never leaves a file under
@@ -23,6 +29,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -40,7 +47,7 @@ struct CacheSpec {
 class ArenaCache {
   public:
     explicit ArenaCache(const CacheSpec& spec = {}) : path_(spec.path), key_(spec.key), write_(spec.write) {}
-    ~ArenaCache();  // stops the promotion before the arena it moves is unmapped
+    ~ArenaCache();  // ends the write and stops the promotion before the arena is unmapped
     ArenaCache(const ArenaCache&) = delete;
     ArenaCache& operator=(const ArenaCache&) = delete;
 
@@ -49,22 +56,29 @@ class ArenaCache {
     // `reserved`: the length of the anonymous mapping at `arena` (alloc_zeroed; 0: not a mapping,
     // never mapped over).
     bool map(uint8_t* arena, size_t reserved, size_t bytes, uint64_t seed, uint64_t& fingerprint);
-    // After a miss: writes the packed arena (when the cache is on and writing allowed).
+    // After a miss: starts writing the packed arena in the background (when the cache is on and
+    // writing allowed); the arena must stay unchanged until finish() or destruction.
     void write(const uint8_t* arena, size_t bytes, uint64_t seed, uint64_t fingerprint);
+    void finish();  // waits until a write started by write() has ended
 
-    // "off" | "hit" | "written" | "not written: <why>"; `miss` says why an existing file was not used
-    const std::string& status() const { return status_; }
+    // "off" | "hit" | "writing" | "written" | "not written: <why>"; `miss`: why an existing file
+    // was not used
+    std::string status() const;
     const std::string& miss() const { return miss_; }
     bool promoted() const { return done_.load(); }  // true once the arena is all anonymous memory
 
   private:
     void promote(uint8_t* arena, size_t bytes);
+    std::string write_file(const uint8_t* arena, size_t bytes, uint64_t seed, uint64_t fingerprint) const;
+    void set_status(std::string s);
     std::string path_;
     uint64_t key_;
     bool write_;
+    mutable std::mutex status_mu_;  // status_ changes on the writer thread
+    std::mutex finish_mu_;          // one joiner at a time
     std::string status_ = "off", miss_;
     std::atomic<bool> stop_{false}, done_{true};
-    std::thread promoter_;
+    std::thread promoter_, writer_;
 };
 
 }  // namespace zen5

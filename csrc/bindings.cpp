@@ -207,6 +207,10 @@ PYBIND11_MODULE(_native, m) {
              py::arg("config"), py::arg("tensors"), py::arg("rope_inv_freq"), py::arg("threads"),
              py::arg("cache_path") = "", py::arg("cache_key") = 0, py::arg("cache_write") = true)
         .def_property_readonly("weight_cache", [](const PyModel& p) { return cache_info(p.model->weight_cache()); })
+        .def("finish_weight_cache", [](PyModel& p) {
+            py::gil_scoped_release nogil;
+            p.model->finish_weight_cache();
+        })
         .def_property_readonly("fingerprint", [](const PyModel& p) { return p.model->fingerprint; })
         .def_property_readonly("n_params", [](const PyModel& p) { return p.model->n_params; })
         .def_property_readonly("threads", [](const PyModel& p) { return p.model->pool.size(); })
@@ -268,6 +272,10 @@ PYBIND11_MODULE(_native, m) {
              py::arg("config"), py::arg("tensors"), py::arg("freq_main"), py::arg("freq_compress"), py::arg("threads"),
              py::arg("cache_path") = "", py::arg("cache_key") = 0, py::arg("cache_write") = true)
         .def_property_readonly("weight_cache", [](const PyV4Model& p) { return cache_info(p.model->weight_cache()); })
+        .def("finish_weight_cache", [](PyV4Model& p) {
+            py::gil_scoped_release nogil;
+            p.model->finish_weight_cache();
+        })
         .def_property_readonly("fingerprint", [](const PyV4Model& p) { return p.model->fingerprint; })
         .def_property_readonly("n_params", [](const PyV4Model& p) { return p.model->n_params; })
         .def_property_readonly("threads", [](const PyV4Model& p) { return p.model->pool.size(); })

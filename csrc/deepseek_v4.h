@@ -103,6 +103,7 @@ class V4Model {
     std::vector<LayerBytes> layer_bytes() const;
     size_t head_bytes() const;
     const ArenaCache& weight_cache() const { return cache_; }
+    void finish_weight_cache() { cache_.finish(); }  // waits for a background cache write
 
     // Routed experts are packed the first time a token is routed to them, not at load: they are
     // most of the model (V4 Flash: 33,024 experts, 147 of its 160 GB), so a load packs only the

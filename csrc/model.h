@@ -154,6 +154,7 @@ class Model {
 
     size_t weight_bytes() const { return arena_bytes_; }  // the arena: what the matmuls read
     const ArenaCache& weight_cache() const { return cache_; }
+    void finish_weight_cache() { cache_.finish(); }  // waits for a background cache write
 
   private:
     // the matrices' own copies (quantized ones repacked, see PackedWeights; float ones in

@@ -89,7 +89,8 @@ def test_peak_rss_during_and_after_load(big_models, qtype, cached, tmp_path):
     """Packing (no weight cache) and mapping the weight cache, then moving it onto huge pages."""
     path = big_models[qtype]
     if cached:
-        assert _measure(path, cache=tmp_path)["cache"] == "written"
+        # written in the background; the child's exit waits for it
+        assert _measure(path, cache=tmp_path)["cache"] in ("writing", "written")
     m = _measure(path, cache=tmp_path if cached else "off")
     assert m["cache"] == ("hit" if cached else "off")
     w = m["weight_bytes"]

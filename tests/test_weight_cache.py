@@ -1,7 +1,8 @@
 """The packed-weight cache (zen5/weight_cache.py, csrc/arena_cache.h): the first load writes the
-arena, later loads map it and give bit-identical logits and the same fingerprint, moving it onto
-huge pages in the background while decoding; a corrupt, truncated or stale file is ignored and
-rewritten; a full disk or too little free space costs only the cache, never the load."""
+arena in the background (a process that exits meanwhile waits for it), later loads map it and
+give bit-identical logits and the same fingerprint, moving it onto huge pages in the background
+while decoding; a corrupt, truncated or stale file is ignored and rewritten; a full disk or too
+little free space costs only the cache, never the load."""
 from __future__ import annotations
 
 import os
@@ -25,9 +26,10 @@ PROMPT = [5, 17, 42, 9, 33, 2, 71, 8]
 
 
 def run(path, cache_dir, **kw):
-    """(engine, logits of every PROMPT position)."""
+    """(engine, logits of every PROMPT position), any background cache write finished."""
     e = Engine(load_weights(str(path)), threads=2, n_ctx=64, weight_cache=str(cache_dir), **kw)
     e.native_ctx.eval(PROMPT, True)
+    e.native.finish_weight_cache()
     return e, np.asarray(e.native_ctx.logits()).copy()
 
 
@@ -69,6 +71,33 @@ def test_first_load_writes_then_later_loads_map(model, reference, tmp_path):
     e2.native_ctx.eval(PROMPT, True)
     np.testing.assert_array_equal(np.asarray(e2.native_ctx.logits()), lg0)
     assert e2.info()["weight_cache"] == "hit"
+
+
+def test_the_write_runs_in_the_background_and_an_exiting_process_finishes_it(model, reference, tmp_path):
+    """The load returns with the file being written ("writing"; "written" if it was that quick),
+    inference runs meanwhile, and a process that exits straight after the load still leaves the
+    whole file (atexit waits): the next load maps it."""
+    e = Engine(load_weights(str(model)), threads=2, n_ctx=64, weight_cache=str(tmp_path))
+    assert e.weight_cache["status"] in ("writing", "written")
+    e.native_ctx.eval(PROMPT, True)
+    np.testing.assert_array_equal(np.asarray(e.native_ctx.logits()), reference[0])
+    e.native.finish_weight_cache()
+    assert e.weight_cache["status"] == "written"
+    child = tmp_path / "child"
+    code = ("import sys; from zen5.engine import Engine; from zen5.loader import load_weights; "
+            "e = Engine(load_weights(sys.argv[1]), threads=1, n_ctx=16, weight_cache=sys.argv[2]); "
+            "print(e.weight_cache['status'])")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    r = subprocess.run([sys.executable, "-c", code, str(model), str(child)], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() in ("writing", "written")
+    [f] = arenas(child)
+    assert f.stat().st_size == e.native.weight_bytes + 64
+    assert not [p for p in child.iterdir() if ".tmp." in p.name]
+    e2, lg = run(model, child)
+    assert e2.weight_cache["status"] == "hit"
+    np.testing.assert_array_equal(lg, reference[0])
 
 
 def test_decoding_during_the_promotion_reads_the_same_weights(smollm2_path, tmp_path):
@@ -193,6 +222,7 @@ def test_deepseek_v4_checkpoints_are_cached_too(tmp_path):
     for _ in range(2):
         e = Engine(load_weights(str(ckpt)), threads=2, n_ctx=64, weight_cache=str(tmp_path / "cache"))
         e.native_ctx.eval(ids, True)
+        e.native.finish_weight_cache()
         out.append((e.weight_cache["status"], e.native.fingerprint, np.asarray(e.native_ctx.logits()).copy()))
     assert [o[0] for o in out] == ["written", "hit"] and out[0][1] == out[1][1]
     np.testing.assert_array_equal(out[0][2], out[1][2])

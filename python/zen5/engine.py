@@ -171,15 +171,17 @@ class Engine:
         and written there (weight_cache.py)."""
         plan = weight_cache.plan(self.weights.metadata.get("path"), arena_bytes, self._weight_cache)
         model = native_model(*args, cache_path=plan.path, cache_key=plan.key, cache_write=plan.write)
-        if model.weight_cache["status"] == "written":
+        if model.weight_cache["status"] == "writing":  # in the background (arena_cache.h)
             weight_cache.prune(plan.path)
+            weight_cache.finish_at_exit(model)
         return model
 
     @property
     def weight_cache(self) -> dict:
         """How the weights were loaded: status "off" | "hit" (mapped from the cache file) |
-        "written" (packed, then cached) | "not written: <why>"; miss: why an existing cache file
-        was not used; promoted: whether a mapped arena has moved onto huge pages yet."""
+        "writing" (packed; the cache file is being written in the background) | "written" |
+        "not written: <why>"; miss: why an existing cache file was not used; promoted: whether a
+        mapped arena has moved onto huge pages yet."""
         return dict(self.native.weight_cache)
 
     @classmethod

@@ -15,16 +15,23 @@ folder model): a source file changed in place gets a new key, and the stale file
 source is removed once the new one is written. The native side also checks the arena's size and
 layout version and the model configuration's hash, so a file is never misread.
 
+When: the first load packs the weights and the native side writes the file from a background
+thread, so the first token does not wait for the disk; status "writing" until it is done. A process
+that exits meanwhile waits for the write (finish_at_exit), so even one short `zen5 generate`
+leaves the file for the next load.
+
 How much disk: a file as large as the packed weights (about the model file's size). A file is
 written only if the disk keeps max(2 GiB, 5% of its size) free afterwards, and the
 KEEP most recently used files are kept, older ones removed.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import re
 import shutil
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,9 +103,24 @@ def room_for(usage, n: int) -> bool:
     return usage.free - n >= max(MIN_FREE, int(usage.total * MIN_FREE_FRACTION))
 
 
+_writing: weakref.WeakSet = weakref.WeakSet()  # native models whose cache file is being written
+
+
+def finish_at_exit(native_model) -> None:
+    """Waits at interpreter exit for `native_model`'s background write (if it is still alive)."""
+    _writing.add(native_model)
+
+
+@atexit.register
+def _finish_writes() -> None:
+    for m in list(_writing):
+        m.finish_weight_cache()
+
+
 def prune(written: str) -> None:
-    """After `written` was created: remove the stale files of its source, temporary files of
-    processes that are gone, and all but the KEEP most recently used arenas."""
+    """When `written` is being (or was) created: remove the stale files of its source, temporary
+    files of processes that are gone, and all but the KEEP most recently used arenas, `written`
+    being one of them."""
     path = Path(written)
     stem = path.name[: -len(SUFFIX)].rsplit("-", 1)[0]
     arenas = []
@@ -108,11 +130,11 @@ def prune(written: str) -> None:
                 f.unlink()
             elif ".arena.tmp." in f.name and not _alive(f.name.rsplit(".", 1)[-1]):
                 f.unlink()
-            elif f.name.endswith(SUFFIX):
+            elif f.name.endswith(SUFFIX) and f != path:
                 arenas.append((f.stat().st_mtime, f))
         except OSError:
             continue  # another process got there first
-    for _, f in sorted(arenas, reverse=True)[KEEP:]:
+    for _, f in sorted(arenas, reverse=True)[KEEP - 1:]:
         try:
             f.unlink()
         except OSError:
