@@ -183,7 +183,7 @@ PYBIND11_MODULE(_native, m) {
 
     py::class_<PyModel>(m, "Model")
         .def(py::init([](const py::dict& cfg, const py::list& tensors, F32Array inv_freq, int threads,
-                         const std::string& cache_path, uint64_t cache_key, bool cache_write) {
+                         const std::string& cache_path, uint64_t cache_key, bool cache_write, int load_threads) {
                  auto pm = std::make_unique<PyModel>();
                  std::vector<TensorIn> ins;
                  for (const auto& item : tensors) {
@@ -200,12 +200,13 @@ PYBIND11_MODULE(_native, m) {
                  {
                      py::gil_scoped_release nogil;  // fingerprinting reads every weight byte
                      pm->model = std::make_shared<Model>(std::move(c), ins, std::move(freq), threads,
-                                                         CacheSpec{cache_path, cache_key, cache_write});
+                                                         CacheSpec{cache_path, cache_key, cache_write}, load_threads);
                  }
                  return pm;
              }),
              py::arg("config"), py::arg("tensors"), py::arg("rope_inv_freq"), py::arg("threads"),
-             py::arg("cache_path") = "", py::arg("cache_key") = 0, py::arg("cache_write") = true)
+             py::arg("cache_path") = "", py::arg("cache_key") = 0, py::arg("cache_write") = true,
+             py::arg("load_threads") = 0)
         .def_property_readonly("weight_cache", [](const PyModel& p) { return cache_info(p.model->weight_cache()); })
         .def("finish_weight_cache", [](PyModel& p) {
             py::gil_scoped_release nogil;
@@ -247,7 +248,7 @@ PYBIND11_MODULE(_native, m) {
     // DeepSeek V4 (deepseek_v4.h): tensors under the official names, [(name, dtype, shape, uint8 array)]
     py::class_<PyV4Model>(m, "DeepSeekV4Model")
         .def(py::init([](const py::dict& cfg, const py::list& tensors, F32Array freq_main, F32Array freq_compress,
-                         int threads, const std::string& cache_path, uint64_t cache_key, bool cache_write) {
+                         int threads, const std::string& cache_path, uint64_t cache_key, bool cache_write, int load_threads) {
                  auto pm = std::make_unique<PyV4Model>();
                  std::vector<TensorIn> ins;
                  for (const auto& item : tensors) {
@@ -265,12 +266,13 @@ PYBIND11_MODULE(_native, m) {
                  {
                      py::gil_scoped_release nogil;
                      pm->model = std::make_shared<V4Model>(std::move(c), ins, std::move(fm), std::move(fc), threads,
-                                                           CacheSpec{cache_path, cache_key, cache_write});
+                                                           CacheSpec{cache_path, cache_key, cache_write}, load_threads);
                  }
                  return pm;
              }),
              py::arg("config"), py::arg("tensors"), py::arg("freq_main"), py::arg("freq_compress"), py::arg("threads"),
-             py::arg("cache_path") = "", py::arg("cache_key") = 0, py::arg("cache_write") = true)
+             py::arg("cache_path") = "", py::arg("cache_key") = 0, py::arg("cache_write") = true,
+             py::arg("load_threads") = 0)
         .def_property_readonly("weight_cache", [](const PyV4Model& p) { return cache_info(p.model->weight_cache()); })
         .def("finish_weight_cache", [](PyV4Model& p) {
             py::gil_scoped_release nogil;

@@ -83,7 +83,7 @@ class V4Model {
     // Tensors under the official names (embed.weight, layers.0.attn.wq_a.weight, ...); matrices
     // F32/F16/BF16, used in place; vectors any float type (copied to F32); tid2eid I32.
     V4Model(V4Config cfg, const std::vector<TensorIn>& tensors, std::vector<float> freq_main,
-            std::vector<float> freq_compress, int threads, const CacheSpec& cache = {});
+            std::vector<float> freq_compress, int threads, const CacheSpec& cache = {}, int load_threads = 0);
 
     const V4Config cfg;
     WeightView embed, head;

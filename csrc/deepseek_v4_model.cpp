@@ -115,7 +115,7 @@ void check_config(const V4Config& c) {
 }  // namespace
 
 V4Model::V4Model(V4Config c, const std::vector<TensorIn>& tensors, std::vector<float> fm, std::vector<float> fc,
-                 int threads, const CacheSpec& cache)
+                 int threads, const CacheSpec& cache, int load_threads)
     : cfg(std::move(c)), freq_main(std::move(fm)), freq_compress(std::move(fc)), pool(threads),
       cache_(cache) {
     check_config(cfg);
@@ -214,7 +214,8 @@ V4Model::V4Model(V4Config c, const std::vector<TensorIn>& tensors, std::vector<f
     // an int8 matmul reads 16-row groups: the grouped output projection starts a group per o_rank
     for (const V4Layer& L : layers)
         if (L.wo_a.type == kTypeFP8 && cfg.o_rank % 16) throw BadModel("FP8 wo_a needs o_lora_rank % 16 == 0");
-    h = pack_and_hash(b.by, mats, h, arena_, packed_, panels_, pool, cache_, &lazy);
+    LoadPool packers(pool, load_threads);
+    h = pack_and_hash(b.by, mats, h, arena_, packed_, panels_, packers.pool, cache_, &lazy);
     for (const auto& [name, t] : b.by) n_params += t->elements();
     fingerprint = h;
 }

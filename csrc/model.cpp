@@ -374,7 +374,7 @@ static void check_config(const Config& c) {
 }
 
 Model::Model(Config c, const std::vector<TensorIn>& tensors, std::vector<float> rope_inv_freq, int threads,
-             const CacheSpec& cache)
+             const CacheSpec& cache, int load_threads)
     : cfg(std::move(c)), inv_freq(std::move(rope_inv_freq)), pool(threads), cache_(cache) {
     check_config(cfg);
     if (int(inv_freq.size()) != cfg.head_dim / 2) throw BadModel("rope_inv_freq must have head_dim/2 entries");
@@ -423,7 +423,8 @@ Model::Model(Config c, const std::vector<TensorIn>& tensors, std::vector<float> 
     h = hash_bytes(dims, sizeof dims, h);
     h = hash_bytes(&cfg.rms_eps, sizeof cfg.rms_eps, h);
     h = hash_bytes(inv_freq.data(), inv_freq.size() * 4, h);
-    h = pack_and_hash(by_name, mats, h, arena_, packed_, panels_, pool, cache_);
+    LoadPool packers(pool, load_threads);
+    h = pack_and_hash(by_name, mats, h, arena_, packed_, panels_, packers.pool, cache_);
     for (const auto& [name, t] : by_name)
         if (name != "output.weight" || !cfg.tied_output) n_params += t->elements();
     fingerprint = h;

@@ -181,3 +181,23 @@ def test_released_pages_read_back(tmp_path):
         assert a.native.fingerprint == b.native.fingerprint
         la, lb = a.append([1, 5, 9, 200], all_logits=True), b.append([1, 5, 9, 200], all_logits=True)
         np.testing.assert_array_equal(la, lb)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.BF16], ids=lambda t: t.name)
+def test_a_wider_load_pool_packs_the_same_arena(qtype, tmp_path, monkeypatch):
+    """The weights are packed by the default thread count's cores even for a 1-thread engine
+    (model.h LoadPool): the arena, so every logit, is the one packing on the engine's own thread
+    gives (each task writes its own 16-row groups)."""
+    import zen5.engine
+
+    path = write_gguf(tmp_path / "m.gguf", matrix_type=qtype, n_layer=2, n_embd=256, n_ff=704, n_head=4,
+                      n_head_kv=2, head_dim=64)
+    prompt = [5, 17, 42, 9, 33, 2, 71, 8]
+    logits = []
+    for load_threads in (1, 4):
+        monkeypatch.setattr(zen5.engine, "default_threads", lambda n=load_threads: n)
+        e = Engine(load_weights(str(path)), threads=1, n_ctx=32, weight_cache="off")
+        e.native_ctx.eval(prompt, True)
+        logits.append(np.asarray(e.native_ctx.logits()).copy())
+    assert np.isfinite(logits[0]).all()
+    np.testing.assert_array_equal(logits[0], logits[1])

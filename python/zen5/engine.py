@@ -168,9 +168,11 @@ class Engine:
 
     def _build(self, native_model, arena_bytes: int, *args):
         """The native model, its arena mapped from the weight cache when one matches, else packed
-        and written there (weight_cache.py)."""
+        (by every core of the default thread count, even when `threads` is fewer: a load-time
+        burst, model.h LoadPool) and written there (weight_cache.py)."""
         plan = weight_cache.plan(self.weights.metadata.get("path"), arena_bytes, self._weight_cache)
-        model = native_model(*args, cache_path=plan.path, cache_key=plan.key, cache_write=plan.write)
+        model = native_model(*args, cache_path=plan.path, cache_key=plan.key, cache_write=plan.write,
+                             load_threads=default_threads())
         if model.weight_cache["status"] == "writing":  # in the background (arena_cache.h)
             weight_cache.prune(plan.path)
             weight_cache.finish_at_exit(model)
