@@ -41,7 +41,7 @@ class Model:
     # kept alive as long as the Model (its weights point into them)
     def __init__(self, config: dict[str, Any], tensors: list[tuple[str, int, list[int], npt.NDArray[Any]]],
                  rope_inv_freq: npt.ArrayLike, threads: int, cache_path: str = "", cache_key: int = 0,
-                 cache_write: bool = True) -> None: ...
+                 cache_write: bool = True, load_threads: int = 0) -> None: ...
     @property
     def fingerprint(self) -> int: ...
     @property
@@ -52,6 +52,7 @@ class Model:
     def weight_bytes(self) -> int: ...  # the arena the matmuls read (the file's pages are released)
     @property
     def weight_cache(self) -> dict[str, Any]: ...  # {status, miss, promoted}: arena_cache.h
+    def finish_weight_cache(self) -> None: ...  # waits for the background cache write
 
 class Context:
     # isa: a tier name, "" for the active one; matmul: "int8" | "f32"; kv: "f32" | "f16" |
@@ -88,7 +89,7 @@ class DeepSeekV4Model:
     # shape, C-contiguous bytes), kept alive as long as the model; the two RoPE tables (rope_dim / 2)
     def __init__(self, config: dict[str, Any], tensors: list[tuple[str, str, list[int], npt.NDArray[Any]]],
                  freq_main: npt.ArrayLike, freq_compress: npt.ArrayLike, threads: int, cache_path: str = "",
-                 cache_key: int = 0, cache_write: bool = True) -> None: ...
+                 cache_key: int = 0, cache_write: bool = True, load_threads: int = 0) -> None: ...
     @property
     def fingerprint(self) -> int: ...
     @property
@@ -99,6 +100,7 @@ class DeepSeekV4Model:
     def weight_bytes(self) -> int: ...  # the arena: every matrix but the embedding and the routed experts
     @property
     def weight_cache(self) -> dict[str, Any]: ...  # {status, miss, promoted}: arena_cache.h
+    def finish_weight_cache(self) -> None: ...  # waits for the background cache write
     # bytes the matmuls read by part: [(attention, ffn less routed experts, one routed expert)] per layer
     def layer_bytes(self) -> list[tuple[int, int, int]]: ...
     @property
