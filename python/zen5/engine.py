@@ -173,8 +173,11 @@ class Engine:
         plan = weight_cache.plan(self.weights.metadata.get("path"), arena_bytes, self._weight_cache)
         model = native_model(*args, cache_path=plan.path, cache_key=plan.key, cache_write=plan.write,
                              load_threads=default_threads())
-        if model.weight_cache["status"] == "writing":  # in the background (arena_cache.h)
+        # the file is written in the background (arena_cache.h): "writing", or already "written"
+        status = model.weight_cache["status"]
+        if status in ("writing", "written"):
             weight_cache.prune(plan.path)
+        if status == "writing":
             weight_cache.finish_at_exit(model)
         return model
 
