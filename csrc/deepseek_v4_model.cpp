@@ -214,8 +214,7 @@ V4Model::V4Model(V4Config c, const std::vector<TensorIn>& tensors, std::vector<f
     // an int8 matmul reads 16-row groups: the grouped output projection starts a group per o_rank
     for (const V4Layer& L : layers)
         if (L.wo_a.type == kTypeFP8 && cfg.o_rank % 16) throw BadModel("FP8 wo_a needs o_lora_rank % 16 == 0");
-    LoadPool packers(pool, load_threads);
-    h = pack_and_hash(b.by, mats, h, arena_, packed_, panels_, packers.pool, cache_, &lazy);
+    h = pack_and_hash(b.by, mats, h, arena_, packed_, panels_, pool, load_threads, cache_, &lazy);
     for (const auto& [name, t] : b.by) n_params += t->elements();
     fingerprint = h;
 }

@@ -268,8 +268,8 @@ size_t owned_bytes(const WeightView& w) {
 
 uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name, const std::vector<WeightView*>& mats,
                        uint64_t h, AlignedBytes& arena, std::vector<std::unique_ptr<PackedWeights>>& packed,
-                       std::vector<std::unique_ptr<FloatPanels>>& panels, ThreadPool& pool, ArenaCache& cache,
-                       const std::set<const uint8_t*>* sampled) {
+                       std::vector<std::unique_ptr<FloatPanels>>& panels, ThreadPool& own_pool,
+                       int load_threads, ArenaCache& cache, const std::set<const uint8_t*>* sampled) {
     // Every matrix the matmuls read lives in one arena: quantized ones repacked (PackedWeights),
     // F32/F16/BF16 in panels (FloatPanels). One allocation because only a 2 MiB-aligned block
     // gets huge pages, and most matrices here are smaller than 2 MiB (allocated one by one, only
@@ -303,6 +303,8 @@ uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name, co
     // have their layout's fields already); the fingerprint is the one stored.
     const uint64_t seed = h;
     if (cache.map(arena.get(), arena.get_deleter().mapped, total, seed, h)) return h;
+    std::unique_ptr<ThreadPool> wide(load_threads > own_pool.size() ? new ThreadPool(load_threads) : nullptr);
+    ThreadPool& pool = wide ? *wide : own_pool;
     for (auto& [w, dst] : others) pack_rows(*w, dst, 0, w->rows);  // owned copies (converted vectors)
 
     const FileMaps maps;
@@ -423,8 +425,7 @@ Model::Model(Config c, const std::vector<TensorIn>& tensors, std::vector<float> 
     h = hash_bytes(dims, sizeof dims, h);
     h = hash_bytes(&cfg.rms_eps, sizeof cfg.rms_eps, h);
     h = hash_bytes(inv_freq.data(), inv_freq.size() * 4, h);
-    LoadPool packers(pool, load_threads);
-    h = pack_and_hash(by_name, mats, h, arena_, packed_, panels_, packers.pool, cache_);
+    h = pack_and_hash(by_name, mats, h, arena_, packed_, panels_, pool, load_threads, cache_);
     for (const auto& [name, t] : by_name)
         if (name != "output.weight" || !cfg.tied_output) n_params += t->elements();
     fingerprint = h;

@@ -97,24 +97,17 @@ class FileMaps {
 // stripe. Returns the hash. With a matching cache file the arena is mapped from it instead, and
 // after packing the arena is written to it (arena_cache.h). Tensors whose data is in `sampled`
 // (packed later, on first use) enter the hash by name, type, shape and their first and last
-// 256 bytes only, and are neither read further nor released.
-// The pool that packs at load: the model's own, or one of `load_threads` threads for the load only
-// when that is more. Packing first touches every arena page, which the kernel zeroes, and converts
-// every weight: a burst that every core may share whatever the inference thread count (1-thread
-// first loads of 1.7B-shaped files on a 2-core Zen 3 VM, own pool -> 2 threads: Q8_0 1.54-1.69 s
-// -> 1.24-1.27 s, BF16 3.3-7.1 s -> 3.1-6.6 s; the BF16 spread is the page cache's writeback).
-struct LoadPool {
-    LoadPool(ThreadPool& own, int load_threads)
-        : wide(load_threads > own.size() ? new ThreadPool(load_threads) : nullptr), pool(wide ? *wide : own) {}
-    std::unique_ptr<ThreadPool> wide;
-    ThreadPool& pool;
-};
-
+// 256 bytes only, and are neither read further nor released. The packing runs on `pool`, or on
+// a pool of `load_threads` threads for the load only when that is more: packing first touches
+// every arena page, which the kernel zeroes, and converts every weight, a burst that every core
+// may share whatever the inference thread count (1-thread first loads of 1.7B-shaped files on a
+// 2-core Zen 3 VM, own pool -> 2 threads: Q8_0 1.54-1.69 s -> 1.24-1.27 s, BF16 3.3-7.1 s ->
+// 3.1-6.6 s; the BF16 spread is the page cache's writeback). A cache hit starts no thread.
 uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name,
                        const std::vector<WeightView*>& mats, uint64_t h, AlignedBytes& arena,
                        std::vector<std::unique_ptr<PackedWeights>>& packed,
-                       std::vector<std::unique_ptr<FloatPanels>>& panels, ThreadPool& pool, ArenaCache& cache,
-                       const std::set<const uint8_t*>* sampled = nullptr);
+                       std::vector<std::unique_ptr<FloatPanels>>& panels, ThreadPool& pool, int load_threads,
+                       ArenaCache& cache, const std::set<const uint8_t*>* sampled = nullptr);
 
 
 struct Config {

@@ -186,7 +186,7 @@ def test_released_pages_read_back(tmp_path):
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.BF16], ids=lambda t: t.name)
 def test_a_wider_load_pool_packs_the_same_arena(qtype, tmp_path, monkeypatch):
     """The weights are packed by the default thread count's cores even for a 1-thread engine
-    (model.h LoadPool): the arena, so every logit, is the one packing on the engine's own thread
+    (model.h pack_and_hash): the arena, so every logit, is the one packing on the engine's own thread
     gives (each task writes its own 16-row groups)."""
     import zen5.engine
 

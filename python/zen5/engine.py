@@ -169,7 +169,7 @@ class Engine:
     def _build(self, native_model, arena_bytes: int, *args):
         """The native model, its arena mapped from the weight cache when one matches, else packed
         (by every core of the default thread count, even when `threads` is fewer: a load-time
-        burst, model.h LoadPool) and written there (weight_cache.py)."""
+        burst, model.h pack_and_hash) and written there (weight_cache.py)."""
         plan = weight_cache.plan(self.weights.metadata.get("path"), arena_bytes, self._weight_cache)
         model = native_model(*args, cache_path=plan.path, cache_key=plan.key, cache_write=plan.write,
                              load_threads=default_threads())
