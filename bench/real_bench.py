@@ -13,12 +13,13 @@ each engine's block being:
              reported apart. The first child finds no weight cache (zen5/weight_cache.py; the
              run's own directory, emptied before each block): it packs the weights and writes the
              cache in the background (done after the first token; how long after, in the row's
-             note), the "load_first" row. The second maps that cache, the "load" row (what every
-             load after the first costs), waits until the arena has moved onto huge pages (the
-             time is in the row's note), then runs the warm-up (pp64, tg8, not recorded) and the
-             tests (pp512, tg128, the runner of workload.py). Each child exits, so no engine holds
-             memory while another runs and one that fails (e.g. out of memory) costs only its own
-             rows.
+             note), the "load_first" row; it then times first touching 1 GiB of fresh memory
+             (fresh_memory_gbps: the floor a first load's arena pays, in the row's note). The
+             second maps that cache, the "load" row (what every load after the first costs),
+             waits until the arena has moved onto huge pages (the time is in the row's note), runs
+             the warm-up (pp64, tg8, not recorded) and the tests (pp512, tg128, the runner of
+             workload.py). Each child exits, so no engine holds memory while another runs and one
+             that fails (e.g. out of memory) costs only its own rows.
   llama.cpp  the peer build of the tier (peers.py): a load probe, `llama-bench -p 0 -n 1,16 -r 1
              --no-warmup -o jsonl`: "load" is the wall time from starting the process to its
              first result line (model load, context, one decoded token: open to first token,
@@ -81,6 +82,26 @@ def proc_status(pid: int | str = "self") -> dict[str, int]:
     return out
 
 
+def fresh_memory_gbps(n: int = 1 << 30) -> float:
+    """GB/s of first touching fresh anonymous memory on huge pages (the kernel zeroes each page;
+    under a hypervisor that backs guest memory lazily the host allocates it too): what a first
+    load pays for every byte of its arena, whatever the packing costs."""
+    import mmap
+
+    import numpy as np
+
+    mm = mmap.mmap(-1, n)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        mm.madvise(mmap.MADV_HUGEPAGE)
+    a = np.frombuffer(mm, np.uint8)
+    t = time.perf_counter()
+    a[::4096] = 1
+    dt = time.perf_counter() - t
+    del a
+    mm.close()
+    return n / dt / 1e9
+
+
 def mem_available() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
@@ -127,6 +148,8 @@ def worker(spec: dict) -> dict:
     if out["cache"] == "writing":  # the first load: the cache file is written in the background
         eng.native.finish_weight_cache()
         out.update(cache_write_s=time.perf_counter() - t3, cache=eng.weight_cache["status"])
+    if not spec["tests"]:  # the first load's child
+        out.update(arena_bytes=int(eng.native.weight_bytes), fresh_gbps=fresh_memory_gbps())
     if spec["tests"]:
         while not eng.weight_cache["promoted"]:  # the tests time the arena on huge pages
             time.sleep(0.01)
@@ -364,10 +387,14 @@ class RealRun:
                          f"{statistics.median(r['promote_s'] for r in res):.2f} s more")
                 first = [r["first"] for r in res]
                 writes = [r.get("cache_write_s", 0.0) for r in first]
+                fresh = statistics.median(r.get("fresh_gbps", 0.0) for r in first)
+                floor = (f"; first touching the {first[0]['arena_bytes'] / 1e9:.2f} GB arena alone: "
+                         f"{first[0]['arena_bytes'] / 1e9 / fresh:.2f} s at the {fresh:.2f} GB/s a fresh-memory "
+                         "probe measured in the same process" if fresh and first[0].get("arena_bytes") else "")
                 out.append(load_row(engine, q, threads, "load_first", first,
                                     _split(first) + "; no weight cache: packs the weights, then writes the "
                                     f"cache in the background, done {statistics.median(writes):.2f} s after the "
-                                    "first token"))
+                                    "first token" + floor))
             out.append(load_row(engine, q, threads, "load", res, note))
         for (engine, q, threads), why in self.failed.items():
             out.append(dict(base(engine, q, threads, "failed"), note=why))
