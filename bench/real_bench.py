@@ -13,8 +13,9 @@ each engine's block being:
              reported apart. The first child finds no weight cache (zen5/weight_cache.py; the
              run's own directory, emptied before each block): it packs the weights and writes the
              cache in the background (done after the first token; how long after, in the row's
-             note), the "load_first" row; it then times first touching 1 GiB of fresh memory
-             (fresh_memory_gbps: the floor a first load's arena pays, in the row's note). The
+             note), the "load_first" row; it then times first touching 1 GiB of fresh memory with
+             as many threads as packed the arena (fresh_memory_gbps: what the arena's pages cost
+             a first load, in the row's note). The
              second maps that cache, the "load" row (what every load after the first costs),
              waits until the arena has moved onto huge pages (the time is in the row's note), runs
              the warm-up (pp64, tg8, not recorded) and the tests (pp512, tg128, the runner of
@@ -82,11 +83,13 @@ def proc_status(pid: int | str = "self") -> dict[str, int]:
     return out
 
 
-def fresh_memory_gbps(n: int = 1 << 30) -> float:
-    """GB/s of first touching fresh anonymous memory on huge pages (the kernel zeroes each page;
-    under a hypervisor that backs guest memory lazily the host allocates it too): what a first
-    load pays for every byte of its arena, whatever the packing costs."""
+def fresh_memory_gbps(threads: int, n: int = 1 << 30) -> float:
+    """GB/s of first touching n bytes of fresh anonymous memory on huge pages, by `threads` threads
+    (the kernel zeroes each page; under a hypervisor that backs guest memory lazily the host
+    allocates it too): what a first load pays for every byte of its arena, whatever the packing
+    costs. numpy's strided store releases the GIL, so the threads fault in parallel."""
     import mmap
+    from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
 
@@ -94,12 +97,16 @@ def fresh_memory_gbps(n: int = 1 << 30) -> float:
     if hasattr(mmap, "MADV_HUGEPAGE"):
         mm.madvise(mmap.MADV_HUGEPAGE)
     a = np.frombuffer(mm, np.uint8)
-    t = time.perf_counter()
-    a[::4096] = 1
-    dt = time.perf_counter() - t
-    del a
-    mm.close()
-    return n / dt / 1e9
+    part = -(-n // threads // (2 << 20)) * (2 << 20)  # whole huge pages per thread
+
+    def touch(i: int) -> None:
+        a[i * part:(i + 1) * part:4096] = 1
+
+    with ThreadPoolExecutor(threads) as ex:
+        t = time.perf_counter()
+        list(ex.map(touch, range(threads)))
+        dt = time.perf_counter() - t
+    return n / dt / 1e9  # the mapping goes with its last view, a
 
 
 def mem_available() -> int:
@@ -149,7 +156,11 @@ def worker(spec: dict) -> dict:
         eng.native.finish_weight_cache()
         out.update(cache_write_s=time.perf_counter() - t3, cache=eng.weight_cache["status"])
     if not spec["tests"]:  # the first load's child
-        out.update(arena_bytes=int(eng.native.weight_bytes), fresh_gbps=fresh_memory_gbps())
+        from zen5.engine import default_threads  # the threads that packed the arena (load_threads)
+
+        load_threads = max(spec["threads"], default_threads())
+        out.update(arena_bytes=int(eng.native.weight_bytes), load_threads=load_threads,
+                   fresh_gbps=fresh_memory_gbps(load_threads))
     if spec["tests"]:
         while not eng.weight_cache["promoted"]:  # the tests time the arena on huge pages
             time.sleep(0.01)
@@ -390,7 +401,8 @@ class RealRun:
                 fresh = statistics.median(r.get("fresh_gbps", 0.0) for r in first)
                 floor = (f"; first touching the {first[0]['arena_bytes'] / 1e9:.2f} GB arena alone: "
                          f"{first[0]['arena_bytes'] / 1e9 / fresh:.2f} s at the {fresh:.2f} GB/s a fresh-memory "
-                         "probe measured in the same process" if fresh and first[0].get("arena_bytes") else "")
+                         f"probe ({first[0]['load_threads']} threads, as many as packed the arena) measured in "
+                         "the same process after the load" if fresh and first[0].get("arena_bytes") else "")
                 out.append(load_row(engine, q, threads, "load_first", first,
                                     _split(first) + "; no weight cache: packs the weights, then writes the "
                                     f"cache in the background, done {statistics.median(writes):.2f} s after the "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -239,6 +240,17 @@ def render_real(path: Path, rows: list[dict]) -> str:
                    f"{_gb(tg.get((r['model_size'], r['quant']), ''))} | {engine} | "
                    f"{r['threads']} | {float(r['load_s_median']):.2f} s | {_gb(r['rss_peak_load_bytes'])} | "
                    f"{_gb(r['rss_after_load_bytes'])} | {_gb(r['kv_bytes'])} |")
+    floors = [(r, re.search(r"arena alone: ([0-9.]+) s at the ([0-9.]+) GB/s", r["note"] or ""))
+              for r in loads if r["test"] == "load_first"]
+    floors = [(r, m) for r, m in floors if m]
+    if floors:  # runs recorded from 2026-12-04 on: what the arena's fresh pages cost a first load
+        threads = [re.search(r"probe \((\d+) threads", r["note"]) for r, _ in floors]  # before: one thread
+        out += ["", "zen5 first load: first touching the fresh arena alone, at the rate a 1 GiB fresh-memory "
+                    "probe measured in the same process after the load (the kernel zeroes each page; a "
+                    "hypervisor that backs guest memory lazily allocates it too; the probe's threads in "
+                    "brackets): " + "; ".join(
+                        f"{r['model_size'].upper()} {r['quant']} {r['threads']}t {m[1]} s "
+                        f"({m[2]} GB/s, {t[1] if t else 1} thr.)" for (r, m), t in zip(floors, threads)) + "."]
     failed = [r for r in rows if r["test"] == "failed"]
     if failed:
         out += ["", "Not measured: " + "; ".join(
