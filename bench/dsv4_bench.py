@@ -207,7 +207,10 @@ class DeepSeekV4Run:
         path = model_dir(models, self.experts, log)
         if cfg.wait_quiet > 0:
             harness.wait_until_quiet(cfg.wait_quiet, cfg.quiet_load, log)
-        tier = cfg.isa or "avx512"
+        from zen5 import _native
+
+        # the CPU's best tier unless --isa forces one (was: avx512 always, a SIGILL on AVX2 CPUs)
+        tier, best = harness.resolve_tier(cfg.isa, _native.isa_tiers())
         run_id = datetime.datetime.now().isoformat(timespec="seconds")
         cache = Path(cfg.out) / f".dsv4-cache-{os.getpid()}"
         results, roofs, peer = {}, {}, {}
@@ -232,7 +235,7 @@ class DeepSeekV4Run:
         finally:
             shutil.rmtree(cache, ignore_errors=True)
         rows = self.rows(run_id, results, roofs, bench_config(self.experts), peer, llama)
-        stem = Path(cfg.out) / cpu_name()
+        stem = Path(cfg.out) / harness.result_stem(cpu_name(), tier, best)
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
         new = not Path(f"{stem}-dsv4.csv").exists()
         with open(f"{stem}-dsv4.csv", "a", newline="") as fh:

@@ -132,3 +132,27 @@ def test_decode_fractions_pair_each_repetition_with_the_roof_probed_around_it():
     fb = rest + sum(count[r] * (layer[f"attn_r{r}"] + layer[f"ffn_r{r}"]) for r in dsv4_bench.KINDS)
     want = sorted(fb / x / 1e9 / g for x, g in zip(full, [40.0, 10.0, 40.0]))[1]
     assert f"| {1 / full[1]:.2f} tok/s | {want:.1%} |" in text
+
+
+def test_the_run_measures_on_the_cpus_best_tier_unless_told(tmp_path, monkeypatch):
+    """The tier the roofs are probed on and the children run: the CPU's best, or --isa's (it was
+    avx512 always, so the mode died of SIGILL on an AVX2-only CPU)."""
+    import roofline
+    from zen5 import _native
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def measure(threads, tier):
+        seen.append(tier)
+        raise Stop
+
+    monkeypatch.setattr(dsv4_bench, "model_dir", lambda models, experts, log: tmp_path)
+    monkeypatch.setattr(roofline, "measure", measure)
+    for extra in ((), ("--isa", "ref")):
+        cfg = _parse("--deepseek-v4", "--peers", "", "--out", str(tmp_path), *extra)
+        with pytest.raises(Stop):
+            dsv4_bench.DeepSeekV4Run(cfg, log=lambda m: None).execute()
+    assert seen == [harness.best_tier(_native.isa_tiers()), "ref"]
