@@ -4,6 +4,7 @@ real-structure checkpoint (the engine's stage clocks and byte accounting through
 The timings themselves are recorded runs (bench/results/<cpu>-dsv4.csv), not tests."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -156,3 +157,39 @@ def test_the_run_measures_on_the_cpus_best_tier_unless_told(tmp_path, monkeypatc
         with pytest.raises(Stop):
             dsv4_bench.DeepSeekV4Run(cfg, log=lambda m: None).execute()
     assert seen == [harness.best_tier(_native.isa_tiers()), "ref"]
+
+
+def test_the_roofs_are_the_best_of_probes_before_and_after_the_work(tmp_path, monkeypatch):
+    """A thread count's roofs are probed before its child runs and again after it (and the peer),
+    each figure the higher of the two: one probe in a slow window of a shared VM (an int8 peak of
+    190 GOP/s where others read 320) must not become the roof every prefill fraction divides by."""
+    import subprocess
+
+    import roofline
+
+    class Stop(Exception):
+        pass
+
+    probes = iter([{"read_dram_gbps": 20.0, "int8_gops": 190.0}, {"read_dram_gbps": 18.0, "int8_gops": 320.0}])
+    monkeypatch.setattr(roofline, "measure", lambda threads, tier: next(probes))
+    monkeypatch.setattr(dsv4_bench, "model_dir", lambda models, experts, log: tmp_path)
+    child = {"load_s": 1.0, "experts_s": 1.0, "expert_bytes": 10**9, "weight_cache": {"status": "hit"}}
+    ran = []
+
+    def run(args, **kw):
+        ran.append(args)
+        return subprocess.CompletedProcess(args, 0, stdout=json.dumps(child) + "\n", stderr="")
+
+    monkeypatch.setattr(dsv4_bench.subprocess, "run", run)
+    seen = {}
+
+    def rows(self, run_id, results, roofs, cfg, peer, llama):
+        seen.update(roofs)
+        raise Stop
+
+    monkeypatch.setattr(dsv4_bench.DeepSeekV4Run, "rows", rows)
+    cfg = _parse("--deepseek-v4", "--peers", "", "--threads", "1", "--out", str(tmp_path))
+    with pytest.raises(Stop):
+        dsv4_bench.DeepSeekV4Run(cfg, log=lambda m: None).execute()
+    assert len(ran) == 1 and "--child" in ran[0]
+    assert seen == {1: {"read_dram_gbps": 20.0, "int8_gops": 320.0}}

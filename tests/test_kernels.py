@@ -163,6 +163,40 @@ def test_attention_kernels(fast_isa, n, hd, stride):
     assert np.allclose(o_ref, p_ref.astype(np.float64) @ v[:, :hd], atol=1e-5)
 
 
+def fma_chains(a, b):
+    """out[j, i] = the fp32 chain acc = fma(a[j, d], b[i, d], acc) over d in order, from zero:
+    each step's product is exact in float64 and the sum rounds once to fp32 (through float64, a
+    double rounding that can differ from one only at ties, not hit by these seeds)."""
+    acc = np.zeros((a.shape[0], b.shape[0]), np.float32)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    for d in range(a.shape[1]):
+        acc = (acc.astype(np.float64) + a64[:, d:d + 1] * b64[None, :, d]).astype(np.float32)
+    return acc
+
+
+@pytest.mark.parametrize("n,hd", [(75, 512), (19, 160), (40, 64)])
+def test_attention_kernels_are_the_documented_fma_chains(fast_isa, n, hd):
+    """The SIMD tiers' contract, checked bit for bit against an independent model: a score is one
+    fp32 FMA chain over the channels in order from 0, then times the scale; an output value is
+    one FMA chain over the positions in order. Whatever a tier's blocking, the bits are these, so
+    the tiers agree with each other (checked here on every SIMD tier this CPU has, where
+    test_simd_tiers_give_the_same_bits needs two)."""
+    rng = np.random.default_rng(hd + n)
+    nq, scale = 7, np.float32(1 / np.sqrt(hd))
+    q = rng.standard_normal((nq, hd)).astype(np.float32)
+    k = rng.standard_normal((n, hd)).astype(np.float32)
+    p = rng.random((nq, n)).astype(np.float32)
+    expect = (fma_chains(q, k).astype(np.float64) * np.float64(scale)).astype(np.float32)
+    assert np.array_equal(testing.kernel_attn_scores(fast_isa, q, k, hd, float(scale)), expect)
+    k16 = k.astype(np.float16)
+    expect = (fma_chains(q, k16.astype(np.float32)).astype(np.float64) * np.float64(scale)).astype(np.float32)
+    assert np.array_equal(testing.kernel_attn_scores_h(fast_isa, q, k16.view(np.uint16), hd, float(scale)), expect)
+    # values: out[j, c] = chain over positions i of fma(p[j, i], v[i, c], acc)
+    assert np.array_equal(testing.kernel_attn_values(fast_isa, p, k, hd), fma_chains(p, k.T))
+    assert np.array_equal(testing.kernel_attn_values_h(fast_isa, p, k16.view(np.uint16), hd),
+                          fma_chains(p, k16.astype(np.float32).T))
+
+
 def emulate_int8(kind, w, rows, cols, x):
     """Independent numpy model of the int8 path: quantize x per 32-block (d = amax/127,
     q = round-half-even(x / d)), integer dot with the integer weights, then the two scales."""
@@ -237,10 +271,12 @@ def test_f16_conversion_matches_numpy_bit_for_bit(fast_isa):
 
 
 @pytest.mark.parametrize("nq", [2, 3, 4, 5, 9])
-@pytest.mark.parametrize("n,hd,stride", [(1, 64, 192), (8, 64, 192), (23, 64, 64), (70, 32, 96), (17, 80, 80)])
+@pytest.mark.parametrize("n,hd,stride", [(1, 64, 192), (8, 64, 192), (23, 64, 64), (70, 32, 96), (17, 80, 80),
+                                         (75, 512, 512), (19, 160, 168)])
 def test_attention_kernels_for_a_query_group(fast_isa, nq, n, hd, stride):
     """A GQA group's queries scored and summed in one call (each cache row loaded once) match
-    the exact result and the reference, for fp32 and fp16 caches, ragged row counts included."""
+    the exact result and the reference, for fp32 and fp16 caches, ragged row counts included;
+    and wide heads (DeepSeek V4's 512, whose key tiles outgrow L1, and 160)."""
     rng = np.random.default_rng(nq * 1000 + n)
     q = rng.standard_normal((nq, hd)).astype(np.float32)
     k = rng.standard_normal((n, stride)).astype(np.float16)
@@ -451,14 +487,14 @@ def test_simd_tiers_give_the_same_bits(kind):
             else:
                 assert np.array_equal(testing.kernel_matmul(isa, TYPES[kind], w, rows, cols, x),
                                       testing.kernel_matmul(base, TYPES[kind], w, rows, cols, x)), (isa, n)
-    hd, n = 64, 203
-    q = rng.standard_normal((7, hd)).astype(np.float32)
-    k = rng.standard_normal((n, 192)).astype(np.float16)
-    v = rng.standard_normal((n, 192)).astype(np.float16)
-    p = rng.random((7, n)).astype(np.float32)
-    for isa in FAST_TIERS[:-1]:
-        for fn, args in ((testing.kernel_attn_scores_h, (q, k.view(np.uint16), hd, 0.125)),
-                         (testing.kernel_attn_scores, (q, k.astype(np.float32), hd, 0.125)),
-                         (testing.kernel_attn_values_h, (p, v.view(np.uint16), hd)),
-                         (testing.kernel_attn_values, (p, v.astype(np.float32), hd))):
-            assert np.array_equal(fn(isa, *args), fn(base, *args)), (isa, fn.__name__)
+    for hd, n, stride in ((64, 203, 192), (512, 75, 512)):
+        q = rng.standard_normal((7, hd)).astype(np.float32)
+        k = rng.standard_normal((n, stride)).astype(np.float16)
+        v = rng.standard_normal((n, stride)).astype(np.float16)
+        p = rng.random((7, n)).astype(np.float32)
+        for isa in FAST_TIERS[:-1]:
+            for fn, args in ((testing.kernel_attn_scores_h, (q, k.view(np.uint16), hd, 0.125)),
+                             (testing.kernel_attn_scores, (q, k.astype(np.float32), hd, 0.125)),
+                             (testing.kernel_attn_values_h, (p, v.view(np.uint16), hd)),
+                             (testing.kernel_attn_values, (p, v.astype(np.float32), hd))):
+                assert np.array_equal(fn(isa, *args), fn(base, *args)), (isa, hd, fn.__name__)
