@@ -27,7 +27,8 @@ Figures:
           the same kernel look 25% better or worse, and above 100% of its roof;
   prefill the stage's matmul operations (2 x multiply-adds, from the config; attention scores
           and softmax not counted, so a lower bound) over its time, as a fraction of the tier's
-          int8 peak measured in the same run.
+          int8 peak measured in the same run: probed before and after the thread count's work,
+          the higher kept (one probe in a slow second read 190 GOP/s where others read 320).
 Projection (printed and written to <cpu>-dsv4-projection.md): the full V4 Flash (43 layers: 2
 window-only, 21 ratio-4, 20 ratio-128 by its compress_ratios) as the sum of the measured stages,
 for this machine and for a named Zen 5 EPYC, with every assumption stated.
