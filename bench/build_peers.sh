@@ -9,8 +9,12 @@
 #   avx512  AVX-512 F/BW/VL + VNNI/VBMI/BF16, no AMX: the instruction mix a Zen 5 core runs.
 #           Only where the CPU has AVX-512 AND AMX (elsewhere native already is this build).
 #   avx2    AVX/AVX2/FMA/F16C/BMI2 and nothing newer (no AVX-512, AVX-VNNI or AMX): the peer of
-#           zen5's AVX2 tier (`bench --isa avx2`). Only where the CPU has AVX-512 (on an AVX2-only
-#           CPU native is this build).
+#           zen5's AVX2 tier (`bench --isa avx2`). Only where the CPU has AVX-512 or AVX-VNNI (on
+#           a CPU with neither, native is this build).
+#   avx2vnni  the avx2 build plus AVX-VNNI (GGML_AVX_VNNI: llama.cpp's AVX2 dot products then use
+#           vpdpbusd, as on Alder Lake and later): the peer of zen5's AVX2 + AVX-VNNI tier
+#           (`bench --isa avx2vnni`). Only where the CPU has AVX-VNNI and AVX-512 (with AVX-VNNI
+#           alone, native is this build).
 # The native AMX build crashes without a local fix (see ../shared/specs/cpu-performance-notes.md):
 # GCC 12 drops the stores that fill the AMX tile configuration on the stack before `ldtilecfg`,
 # because it cannot see the instruction read them. A compiler memory barrier on the struct just
@@ -48,12 +52,14 @@ PY=${PYTHON:-python3}
 # ------------------------------------------------------------------ which builds this CPU gets
 FLAGS=" ${ZEN5_CPU_FLAGS:-$(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2)} "
 has() { case "$FLAGS" in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-HAS_AVX512=0; HAS_AMX=0
+HAS_AVX512=0; HAS_AMX=0; HAS_AVXVNNI=0
 if has avx512f && has avx512bw && has avx512vl; then HAS_AVX512=1; fi
 if has amx_tile && has amx_int8; then HAS_AMX=1; fi
+if has avx_vnni; then HAS_AVXVNNI=1; fi
 PLAN=(native)
 if [ $HAS_AVX512 = 1 ] && [ $HAS_AMX = 1 ]; then PLAN+=(avx512); fi
-if [ $HAS_AVX512 = 1 ]; then PLAN+=(avx2); fi
+if [ $HAS_AVX512 = 1 ] || [ $HAS_AVXVNNI = 1 ]; then PLAN+=(avx2); fi
+if [ $HAS_AVX512 = 1 ] && [ $HAS_AVXVNNI = 1 ]; then PLAN+=(avx2vnni); fi
 if [ $PLAN_ONLY = 1 ]; then
   printf '%s\n' "${PLAN[@]}"
   exit 0
@@ -88,6 +94,7 @@ AVX512=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C
 AVX2=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
       -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF
       -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+AVX2VNNI=("${AVX2[@]/-DGGML_AVX_VNNI=OFF/-DGGML_AVX_VNNI=ON}")
 NATIVE=(-DGGML_NATIVE=ON)
 
 build() {  # build NAME CMAKE_ARGS...
@@ -112,5 +119,6 @@ for name in "${PLAN[@]}"; do
     native) build native "${NATIVE[@]}" ;;
     avx512) build avx512 "${AVX512[@]}" ;;
     avx2) build avx2 "${AVX2[@]}" ;;
+    avx2vnni) build avx2vnni "${AVX2VNNI[@]}" ;;
   esac
 done

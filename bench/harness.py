@@ -7,7 +7,8 @@ file from the checkout. Run it from a clone after `bash scripts/setup.sh` and, f
 
 ISA tier: zen5 runs the tier given with --isa (ref, avx2, avx2vnni, avx512; default the best
 this CPU supports), and the peers are the llama.cpp builds of the same instruction set
-(peers.default_peers: --isa avx2 on an AVX-512 CPU is measured against `llama.cpp-avx2`), plus
+(peers.default_peers: --isa avx2 on an AVX-512 CPU is measured against `llama.cpp-avx2`,
+--isa avx2vnni against `llama.cpp-avx2vnni` and `llama.cpp-avx2`), plus
 PyTorch only for the best tier (it picks its own kernels; it cannot be held to AVX2).
 
 Workload (fixed; see workload.py for the test definitions and the text):

@@ -33,7 +33,7 @@ from workload import WARMUP, n_tokens
 HERE = Path(__file__).resolve().parent
 TIERS = ("ref", "avx2", "avx2vnni", "avx512")  # zen5's ISA tiers, worst to best
 TORCH_DTYPES = {"torch-fp32": "fp32", "torch-bf16": "bf16"}
-LLAMA_PEERS = ("llama.cpp-native", "llama.cpp-avx512", "llama.cpp-amx", "llama.cpp-avx2")
+LLAMA_PEERS = ("llama.cpp-native", "llama.cpp-avx512", "llama.cpp-amx", "llama.cpp-avx2vnni", "llama.cpp-avx2")
 ALL_PEERS = LLAMA_PEERS + tuple(TORCH_DTYPES)
 
 
@@ -68,14 +68,22 @@ def has_amx(flags) -> bool:
     return {"amx_tile", "amx_int8"} <= set(flags)
 
 
+def has_avxvnni(flags) -> bool:
+    return "avx_vnni" in set(flags)
+
+
 def planned_builds(flags) -> list[str]:
     """The llama.cpp builds bench/build_peers.sh makes on a CPU with these flags (it prints the
-    same list with --plan): native always; avx512 beside an AMX native; avx2 on AVX-512 CPUs."""
+    same list with --plan): native always; avx512 beside an AMX native; avx2 where native has
+    more than AVX2 (AVX-512 or AVX-VNNI); avx2vnni (AVX2 + AVX-VNNI) where native has AVX-512 and
+    the CPU also has AVX-VNNI."""
     plan = ["native"]
     if has_avx512(flags) and has_amx(flags):
         plan.append("avx512")
-    if has_avx512(flags):
+    if has_avx512(flags) or has_avxvnni(flags):
         plan.append("avx2")
+    if has_avx512(flags) and has_avxvnni(flags):
+        plan.append("avx2vnni")
     return plan
 
 
@@ -88,12 +96,16 @@ def llama_peers(flags) -> dict[str, LlamaPeer]:
                 p = LlamaPeer("llama.cpp-amx", "native", "native (AMX)", "avx512+amx", "avx512")
             elif has_avx512(flags):
                 p = LlamaPeer("llama.cpp-native", "native", "native (AVX-512)", "avx512", "avx512")
+            elif {"avx2", "fma"} <= set(flags) and has_avxvnni(flags):
+                p = LlamaPeer("llama.cpp-native", "native", "native (AVX2 + AVX-VNNI)", "avx2vnni", "avx2vnni")
             elif {"avx2", "fma"} <= set(flags):
                 p = LlamaPeer("llama.cpp-native", "native", "native (AVX2)", "avx2", "avx2")
             else:
                 p = LlamaPeer("llama.cpp-native", "native", "native", "native", "ref")
         elif build == "avx512":
             p = LlamaPeer("llama.cpp-avx512", "avx512", "avx512 (no AMX)", "avx512", "avx512")
+        elif build == "avx2vnni":
+            p = LlamaPeer("llama.cpp-avx2vnni", "avx2vnni", "avx2 + AVX-VNNI (no AVX-512)", "avx2vnni", "avx2vnni")
         else:
             p = LlamaPeer("llama.cpp-avx2", "avx2", "avx2 (no AVX-512/VNNI)", "avx2", "avx2")
         out[p.name] = p
@@ -102,11 +114,12 @@ def llama_peers(flags) -> dict[str, LlamaPeer]:
 
 def default_peers(tier: str, best: str, flags) -> tuple[str, ...]:
     """The peers a run of zen5's `tier` is measured against: the llama.cpp builds of the same
-    instruction set (avx2vnni: the AVX2 build, llama.cpp has no separate AVX-VNNI-only build here),
-    plus PyTorch when `tier` is the CPU's best (torch cannot be limited to a lower tier)."""
-    want = "avx2" if tier == "avx2vnni" else tier
+    instruction set (avx2vnni: the AVX2 + AVX-VNNI build and, to show what VNNI gives each
+    engine, the plain AVX2 one), plus PyTorch when `tier` is the CPU's best (torch cannot be
+    limited to a lower tier)."""
+    want = {"avx2vnni", "avx2"} if tier == "avx2vnni" else {tier}
     built = llama_peers(flags)
-    names = [n for n in LLAMA_PEERS if n in built and built[n].tier == want]  # the old order
+    names = [n for n in LLAMA_PEERS if n in built and built[n].tier in want]  # the old order
     return tuple(names) + (tuple(TORCH_DTYPES) if tier == best else ())
 
 

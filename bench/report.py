@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 PEERS = (("llama.cpp-native", "llama.cpp native"), ("llama.cpp-avx512", "llama.cpp AVX-512"),
-         ("llama.cpp-amx", "llama.cpp AMX"), ("llama.cpp-avx2", "llama.cpp AVX2"),
+         ("llama.cpp-amx", "llama.cpp AMX"), ("llama.cpp-avx2vnni", "llama.cpp AVX2 + AVX-VNNI"),
+         ("llama.cpp-avx2", "llama.cpp AVX2"),
          ("torch-fp32", "PyTorch fp32"), ("torch-bf16", "PyTorch bf16"))
 QUANT_ORDER = {"Q4_0": -1, "Q4_1": 0, "Q8_0": 1, "BF16": 2}
 SIZE_ORDER = {"1.7b": 0, "8b": 1}

@@ -230,34 +230,40 @@ ZEN3 = ("fpu sse2 ssse3 fma cx16 sse4_1 sse4_2 movbe popcnt aes xsave avx f16c r
 ZEN4 = ZEN3 + (" avx512f avx512dq avx512ifma avx512cd avx512bw avx512vl avx512_bf16 avx512vbmi avx512_vbmi2"
                " avx512_vnni avx512_bitalg avx512_vpopcntdq")
 XEON_AMX = ZEN4 + " avx_vnni avx512_fp16 amx_bf16 amx_tile amx_int8"
-CPUS = {"zen3": ZEN3, "zen4": ZEN4, "xeon_amx": XEON_AMX}
+ALDER_LAKE = ZEN3 + " avx_vnni"
+CPUS = {"zen3": ZEN3, "zen4": ZEN4, "xeon_amx": XEON_AMX, "alder_lake": ALDER_LAKE}
 
 
-@pytest.mark.parametrize("cpu, builds, llama, best_peers, avx2_peers", [
-    ("zen3", ["native"], {"llama.cpp-native": ("native", "avx2", "avx2")},
-     ("llama.cpp-native", "torch-fp32", "torch-bf16"), None),
-    ("zen4", ["native", "avx2"], {"llama.cpp-native": ("native", "avx512", "avx512"),
-                                  "llama.cpp-avx2": ("avx2", "avx2", "avx2")},
-     ("llama.cpp-native", "torch-fp32", "torch-bf16"), ("llama.cpp-avx2",)),
-    ("xeon_amx", ["native", "avx512", "avx2"], {"llama.cpp-amx": ("native", "avx512+amx", "avx512"),
-                                                "llama.cpp-avx512": ("avx512", "avx512", "avx512"),
-                                                "llama.cpp-avx2": ("avx2", "avx2", "avx2")},
-     ("llama.cpp-avx512", "llama.cpp-amx", "torch-fp32", "torch-bf16"), ("llama.cpp-avx2",)),
+@pytest.mark.parametrize("cpu, best, builds, llama, best_peers, avx2_peers, vnni_peers", [
+    ("zen3", "avx2", ["native"], {"llama.cpp-native": ("native", "avx2", "avx2")},
+     ("llama.cpp-native", "torch-fp32", "torch-bf16"), None, None),
+    ("zen4", "avx512", ["native", "avx2"], {"llama.cpp-native": ("native", "avx512", "avx512"),
+                                            "llama.cpp-avx2": ("avx2", "avx2", "avx2")},
+     ("llama.cpp-native", "torch-fp32", "torch-bf16"), ("llama.cpp-avx2",), ("llama.cpp-avx2",)),
+    ("xeon_amx", "avx512", ["native", "avx512", "avx2", "avx2vnni"],
+     {"llama.cpp-amx": ("native", "avx512+amx", "avx512"), "llama.cpp-avx512": ("avx512", "avx512", "avx512"),
+      "llama.cpp-avx2": ("avx2", "avx2", "avx2"), "llama.cpp-avx2vnni": ("avx2vnni", "avx2vnni", "avx2vnni")},
+     ("llama.cpp-avx512", "llama.cpp-amx", "torch-fp32", "torch-bf16"), ("llama.cpp-avx2",),
+     ("llama.cpp-avx2vnni", "llama.cpp-avx2")),
+    ("alder_lake", "avx2vnni", ["native", "avx2"], {"llama.cpp-native": ("native", "avx2vnni", "avx2vnni"),
+                                                     "llama.cpp-avx2": ("avx2", "avx2", "avx2")},
+     ("llama.cpp-native", "llama.cpp-avx2", "torch-fp32", "torch-bf16"), ("llama.cpp-avx2",), None),
 ])
-def test_peer_builds_and_names_follow_the_cpu_flags(cpu, builds, llama, best_peers, avx2_peers):
-    """native always (AMX on the Xeon, AVX-512 on Zen 4, AVX2 on Zen 3); avx512 only beside AMX;
-    avx2 on AVX-512 CPUs; each named for what it runs; a tier's run gets the builds of its ISA,
-    and PyTorch only for the best tier."""
+def test_peer_builds_and_names_follow_the_cpu_flags(cpu, best, builds, llama, best_peers, avx2_peers, vnni_peers):
+    """native always (AMX on the Xeon, AVX-512 on Zen 4, AVX2 on Zen 3, AVX2 + AVX-VNNI on Alder
+    Lake); avx512 only beside AMX; avx2 where native has more; avx2vnni beside an AVX-512 native
+    on a CPU with AVX-VNNI; each named for what it runs; a tier's run gets the builds of its ISA
+    (the AVX-VNNI tier's also the plain AVX2 build), and PyTorch only for the best tier."""
     flags = peers.cpu_flags(CPUS[cpu])
     assert peers.planned_builds(flags) == builds
     got = peers.llama_peers(flags)
     assert {n: (p.build, p.isa, p.tier) for n, p in got.items()} == llama
     assert set(got) <= set(peers.LLAMA_PEERS)
-    best = "avx2" if cpu == "zen3" else "avx512"
     assert peers.default_peers(best, best, flags) == best_peers
     if avx2_peers:
         assert peers.default_peers("avx2", best, flags) == avx2_peers  # no torch: it cannot be held to AVX2
-        assert peers.default_peers("avx2vnni", best, flags) == avx2_peers
+    if vnni_peers:
+        assert peers.default_peers("avx2vnni", best, flags) == vnni_peers
     assert peers.default_peers("ref", best, flags) == ()
     # the build script makes the same choice (its --plan, with the flags in ZEN5_CPU_FLAGS)
     proc = subprocess.run(["bash", str(ROOT / "bench" / "build_peers.sh"), "--plan"], capture_output=True,
