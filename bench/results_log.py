@@ -11,11 +11,12 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def commit() -> str:
-    """The checked-out commit, with "+dirty" when csrc/, python/ or bench/ differ from it."""
+    """The checked-out commit, with "+dirty" when csrc/, python/ or bench/ differ from it (not
+    bench/results: an earlier run's uncommitted rows change no code)."""
     def git(*args):
         return subprocess.run(["git", *args], cwd=RESULTS.parent.parent, capture_output=True, text=True).stdout.strip()
     head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--", "csrc", "python", "bench") else "")
+    return head + ("+dirty" if git("status", "--porcelain", "--", "csrc", "python", "bench", ":!bench/results") else "")
 
 
 # AMD (family, model range) -> core generation, for the generic model names some VMs report
