@@ -265,10 +265,14 @@ class DeepSeekV4Run:
         if self.cfg.peers == ():
             return None
         names = [n for n in (self.cfg.peers or default_peers(tier, tier, cpu_flags())) if n.startswith("llama")]
-        try:
-            bench = LlamaBench(names[0]) if names else None
-        except (ValueError, FileNotFoundError) as e:
-            self.log(f"llama.cpp peer skipped: {e}")
+        bench = None
+        for name in names:  # the first of the tier's builds that is there
+            try:
+                bench = LlamaBench(name)
+                break
+            except (ValueError, FileNotFoundError) as e:
+                self.log(f"llama.cpp peer {name} skipped: {e}")
+        if bench is None:
             return None
         gguf = path.with_name(path.name + ".gguf")
         if bench and not gguf.exists():
