@@ -265,22 +265,21 @@ class DeepSeekV4Run:
         if self.cfg.peers == ():
             return None
         names = [n for n in (self.cfg.peers or default_peers(tier, tier, cpu_flags())) if n.startswith("llama")]
-        bench = None
         for name in names:  # the first of the tier's builds that is there
             try:
                 bench = LlamaBench(name)
                 break
             except (ValueError, FileNotFoundError) as e:
                 self.log(f"llama.cpp peer {name} skipped: {e}")
-        if bench is None:
+        else:
             return None
         gguf = path.with_name(path.name + ".gguf")
-        if bench and not gguf.exists():
+        if not gguf.exists():
             self.log(f"converting {path} for llama.cpp with its own converter (once) -> {gguf}")
             tmp = gguf.with_name(gguf.name + f".tmp{os.getpid()}")
             dsv4_llama.to_gguf(path, tmp)
             tmp.rename(gguf)
-        return (bench, gguf) if bench else None
+        return bench, gguf
 
     def llama_times(self, llama, threads: int) -> dict:
         """{(depth, test): seconds per token} from llama-bench, the median of --repeat runs."""

@@ -96,10 +96,9 @@ def llama_peers(flags) -> dict[str, LlamaPeer]:
                 p = LlamaPeer("llama.cpp-amx", "native", "native (AMX)", "avx512+amx", "avx512")
             elif has_avx512(flags):
                 p = LlamaPeer("llama.cpp-native", "native", "native (AVX-512)", "avx512", "avx512")
-            elif {"avx2", "fma"} <= set(flags) and has_avxvnni(flags):
-                p = LlamaPeer("llama.cpp-native", "native", "native (AVX2 + AVX-VNNI)", "avx2vnni", "avx2vnni")
             elif {"avx2", "fma"} <= set(flags):
-                p = LlamaPeer("llama.cpp-native", "native", "native (AVX2)", "avx2", "avx2")
+                isa, label = ("avx2vnni", "AVX2 + AVX-VNNI") if has_avxvnni(flags) else ("avx2", "AVX2")
+                p = LlamaPeer("llama.cpp-native", "native", f"native ({label})", isa, isa)
             else:
                 p = LlamaPeer("llama.cpp-native", "native", "native", "native", "ref")
         elif build == "avx512":
