@@ -10,7 +10,10 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+
+#include <unistd.h>
 
 #include "kernels.h"
 #include "tier_scratch.h"
@@ -836,24 +839,29 @@ inline __m512i bcast4(const int8_t* p) { return _mm512_set1_epi32(*reinterpret_c
 // integer correction (Q8_0: -128 sum q) starts the accumulator; tiles of 4 or more tokens run one
 // vpdpbusd chain per token (the tokens' chains overlap), smaller ones two. The per-token
 // arithmetic is the same for every G and NT, so a batch gives the bits of the tokens one by one.
+// Blocks [b0, b1) only (a column span, see matmul_int8_typed): unless b0 == 0 the sums start
+// from part, and unless b1 is the last block they go back there instead of to y: part holds
+// group g + h's token t at (h * np + t) * 16. Stored and reloaded, the float sums are the same,
+// in the same order.
 template <int TYPE, int G, int NT>
 void group_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, float* y, int64_t ldy,
-                __mmask16 last_rows) {
+                __mmask16 last_rows, int64_t b0, int64_t b1, float* part, int64_t np) {
     constexpr int CH = NT >= 4 ? 1 : 2;
     __m512 f[G][NT];
     for (int h = 0; h < G; ++h)
-        for (int t = 0; t < NT; ++t) f[h][t] = _mm512_setzero_ps();
+        for (int t = 0; t < NT; ++t)
+            f[h][t] = b0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(part + (h * np + t0 + t) * 16);
     const __m512i m0f = _mm512_set1_epi8(15);
     // MXFP4: an e2m1 code -> twice its value plus 12, unsigned (vpdpbusd's unsigned operand), per
     // 128-bit lane for vpshufb; the 12 comes back out through the -12 sum q start of the accumulator
     const __m512i e2m1 = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-    const int8_t* xq = x.q + t0 * QK;
-    const float* xd = x.d + t0;
-    const int32_t* xc = x.c + t0;
-    const float* xds = x.ds + t0;
+    const int8_t* xq = x.q + (b0 * x.ld + t0) * QK;
+    const float* xd = x.d + b0 * x.ld + t0;
+    const int32_t* xc = x.c + b0 * x.ld + t0;
+    const float* xds = x.ds + b0 * x.ld + t0;
     const int64_t qstep = x.ld * QK, gstep = w.blocks * w.block_bytes, sstep = w.blocks * w.scale_bytes;
     const int pf = prefetch_blocks(TYPE);
-    for (int64_t b = 0; b < w.blocks; ++b, xq += qstep, xd += x.ld, xc += x.ld, xds += x.ld) {
+    for (int64_t b = b0; b < b1; ++b, xq += qstep, xd += x.ld, xc += x.ld, xds += x.ld) {
         const uint8_t* blk = w.at(g, b);
         const uint8_t* sc = w.scale_at(g, b);
         if (t0 == 0 && pf)  // the first token tile streams the weights (see kPrefetchBlocks); later ones find them in L1
@@ -919,34 +927,73 @@ void group_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, fl
     }
     for (int h = 0; h < G; ++h)
         for (int t = 0; t < NT; ++t)
-            _mm512_mask_storeu_ps(y + (t0 + t) * ldy + (g + h) * 16, h == G - 1 ? last_rows : __mmask16(0xFFFF), f[h][t]);
+            if (b1 == w.blocks)
+                _mm512_mask_storeu_ps(y + (t0 + t) * ldy + (g + h) * 16, h == G - 1 ? last_rows : __mmask16(0xFFFF), f[h][t]);
+            else
+                _mm512_store_ps(part + (h * np + t0 + t) * 16, f[h][t]);
 }
 
 constexpr int kTileTokens = 6, kTileGroups = 2;  // the prefill tile (swept: 1x8..14, 2x4..6)
 
 template <int TYPE, int G>
-void group_tiles(const PackedWeights& w, int64_t g, const QuantAct& x, int n, float* y, int64_t ldy, __mmask16 rows) {
+void group_tiles(const PackedWeights& w, int64_t g, const QuantAct& x, int n, float* y, int64_t ldy, __mmask16 rows,
+                 int64_t b0, int64_t b1, float* part) {
     int t0 = 0;
-    for (; t0 + kTileTokens <= n; t0 += kTileTokens) group_tile<TYPE, G, kTileTokens>(w, g, x, t0, y, ldy, rows);
-    for (; t0 + 4 <= n; t0 += 4) group_tile<TYPE, G, 4>(w, g, x, t0, y, ldy, rows);
+    for (; t0 + kTileTokens <= n; t0 += kTileTokens)
+        group_tile<TYPE, G, kTileTokens>(w, g, x, t0, y, ldy, rows, b0, b1, part, n);
+    for (; t0 + 4 <= n; t0 += 4) group_tile<TYPE, G, 4>(w, g, x, t0, y, ldy, rows, b0, b1, part, n);
     switch (n - t0) {
-        case 3: group_tile<TYPE, G, 3>(w, g, x, t0, y, ldy, rows); break;
-        case 2: group_tile<TYPE, G, 2>(w, g, x, t0, y, ldy, rows); break;
-        case 1: group_tile<TYPE, G, 1>(w, g, x, t0, y, ldy, rows); break;
+        case 3: group_tile<TYPE, G, 3>(w, g, x, t0, y, ldy, rows, b0, b1, part, n); break;
+        case 2: group_tile<TYPE, G, 2>(w, g, x, t0, y, ldy, rows, b0, b1, part, n); break;
+        case 1: group_tile<TYPE, G, 1>(w, g, x, t0, y, ldy, rows, b0, b1, part, n); break;
     }
+}
+
+// Prefill sweeps the columns in spans whose quantized activations (every token's: 32 quants and
+// the d, c, ds scalars per block) stay in L2 while a block of kSpanGroups groups uses them.
+// Without spans each group pair streamed all of them again, and at 8,192 columns (an FFN down
+// projection: 256 tokens x 11 KB) that came from L3, one block's tokens per 4 KB page. Between
+// spans the sums wait in a compact per-thread buffer, not in y: a token's row of y is the
+// matrix's width apart, and at 8,192 rows the lines of one block of y fell into a quarter of the
+// L2's sets. Activations that fit in half the L2 are not split (a split of 2,048 columns
+// measured a few percent slower); larger ones are cut into equal spans of at most a quarter.
+constexpr int64_t kSpanGroups = 16, kActBlockBytes = QK + 12;
+
+int64_t span_blocks(int64_t blocks, int n) {
+    static const int64_t l2 = [] {
+        const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        return v > 0 ? int64_t(v) : int64_t(1) << 20;
+    }();
+    const int64_t total = blocks * n * kActBlockBytes;
+    if (n == 1 || total <= l2 / 2) return blocks;
+    const int64_t spans = (total + l2 / 4 - 1) / (l2 / 4);
+    return (blocks + spans - 1) / spans;
 }
 
 template <int TYPE>
 void matmul_int8_typed(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n,
                        float* y, int64_t ldy) {
-    int64_t g = r0 / 16;
-    const int64_t g_end = (r1 + 15) / 16;
+    const int64_t g_begin = r0 / 16, g_end = (r1 + 15) / 16;
     const int64_t left = r1 - (g_end - 1) * 16;
     const __mmask16 last = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-    if (n > 1)  // prefill: pairs of groups
-        for (; g + kTileGroups <= g_end; g += kTileGroups)
-            group_tiles<TYPE, kTileGroups>(w, g, x, n, y, ldy, g + kTileGroups == g_end ? last : __mmask16(0xFFFF));
-    for (; g < g_end; ++g) group_tiles<TYPE, 1>(w, g, x, n, y, ldy, g + 1 == g_end ? last : __mmask16(0xFFFF));
+    const int64_t span = span_blocks(w.blocks, n), rg = span == w.blocks ? g_end - g_begin : kSpanGroups;
+    thread_local Scratch scratch;
+    float* part = span == w.blocks ? nullptr : scratch.get<float>(size_t(rg) * n * 16);
+    for (int64_t gb = g_begin; gb < g_end; gb += rg) {
+        const int64_t ge = gb + rg < g_end ? gb + rg : g_end;
+        const __mmask16 ge_last = ge == g_end ? last : __mmask16(0xFFFF);
+        for (int64_t b0 = 0; b0 < w.blocks; b0 += span) {
+            const int64_t b1 = b0 + span < w.blocks ? b0 + span : w.blocks;
+            int64_t g = gb;
+            float* pg = part;
+            if (n > 1)  // prefill: pairs of groups
+                for (; g + kTileGroups <= ge; g += kTileGroups, pg += kTileGroups * n * 16)
+                    group_tiles<TYPE, kTileGroups>(w, g, x, n, y, ldy, g + kTileGroups == ge ? ge_last : __mmask16(0xFFFF),
+                                                   b0, b1, pg);
+            for (; g < ge; ++g, pg += n * 16)
+                group_tiles<TYPE, 1>(w, g, x, n, y, ldy, g + 1 == ge ? ge_last : __mmask16(0xFFFF), b0, b1, pg);
+        }
+    }
 }
 
 void matmul_int8_avx512(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n,
