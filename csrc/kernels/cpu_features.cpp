@@ -9,6 +9,8 @@
 
 #include "kernels.h"
 
+#include <unistd.h>
+
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
 #endif
@@ -110,6 +112,17 @@ IsaTier isa_tier(int i) {
 }
 
 bool cpu_supports_avx512() { return isa_tier(3).kernels != nullptr; }
+
+int64_t int8_span_blocks(int64_t blocks, int n) noexcept {
+    static const int64_t l2 = [] {
+        const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);  // glibc: from CPUID; 0 where unknown
+        return v > 0 ? int64_t(v) : int64_t(1) << 20;
+    }();
+    const int64_t total = blocks * n * (QK + 12);
+    if (n <= 1 || total <= l2 / 2) return blocks;
+    const int64_t spans = (total + l2 / 4 - 1) / (l2 / 4);
+    return (blocks + spans - 1) / spans;
+}
 
 bool cpu_is_amd() noexcept {
     static const bool amd = [] {

@@ -268,6 +268,18 @@ constexpr int kTierCount = 4;
 IsaTier isa_tier(int i);  // i in [0, kTierCount)
 bool cpu_supports_avx512();
 bool cpu_is_amd() noexcept;  // CPUID vendor "AuthenticAMD": the kernels' software prefetch differs (kernels_avx512.cpp)
+// A prefill's int8 matmul sweeps the columns in spans of int8_span_blocks(blocks, n) blocks whose
+// quantized activations (n tokens x 44 bytes per block: 32 quants and the d, c, ds scalars) stay
+// in L2 while kSpanRows rows use them, the float sums of those rows waiting in a compact
+// per-thread buffer between spans (matmul_int8_typed in the SIMD tiers). Without spans each
+// 16 or 8 rows streamed all of the activations again, and at 8,192 columns (an FFN down
+// projection: 256 tokens x 11 KB) they came from L3, one block's tokens per 4 KB page; the
+// sums are kept out of y because a token's row of y is the matrix's width apart, and at 8,192
+// rows the lines of a block of y fell into a quarter of the L2's sets. Activations that fit in
+// half the L2 are not split (a split of 2,048 columns measured a few percent slower on the
+// Xeon); larger ones are cut into equal spans of at most a quarter of it.
+constexpr int64_t kSpanRows = 256;
+int64_t int8_span_blocks(int64_t blocks, int n) noexcept;
 // Chooses the table once: the best supported tier, or ZEN5_FORCE_ISA; throws std::runtime_error
 // naming what is missing on a bad request.
 const Kernels& select_kernels();

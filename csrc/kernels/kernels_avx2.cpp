@@ -7,8 +7,10 @@
 // sums and the same float operations in the same order per (row, token) as the AVX-512 tier, so
 // the two give the same bits (tests/test_kernels.py checks it where both run).
 //
-// No standard-library templates in this file (kernels_avx2.h): scratch space is on the stack.
+// No standard-library templates in this file (kernels_avx2.h): scratch space is on the stack or
+// tier_scratch.h's.
 #include "kernels_avx2.h"
+#include "tier_scratch.h"
 
 #include <cmath>
 #include <cstring>
@@ -51,21 +53,26 @@ static inline __m256i bcast4(const int8_t* p) { return _mm256_set1_epi32(*reinte
 //             sign, with or without VNNI: 8 pairs per int16 lane are at most 16 x 12 x 127, and no
 //             zero point is left to correct. The integer sums are the AVX-512 tier's (there: a
 //             +12 table and -12 sum q), so are the bits.
+//
+// Blocks [b0, b1) only (a column span, kernels.h: int8_span_blocks): unless b0 == 0 the sums
+// start from part, and unless b1 is the last block they go back there instead of to y: part
+// holds octet k0 + h's token t at (h * np + t) * 8.
 template <int TYPE, int O, int NT>
-void octet_tile(const PackedWeights& w, int64_t k0, const QuantAct& x, int t0, float* y, int64_t ldy, int last_rows) {
+void octet_tile(const PackedWeights& w, int64_t k0, const QuantAct& x, int t0, float* y, int64_t ldy, int last_rows,
+                int64_t b0, int64_t b1, float* part, int64_t np) {
     constexpr bool q4 = TYPE != GGML_Q8_0, fp4 = TYPE == kTypeMXFP4;
     __m256 f[O][NT];
     for (int h = 0; h < O; ++h)
-        for (int t = 0; t < NT; ++t) f[h][t] = _mm256_setzero_ps();
+        for (int t = 0; t < NT; ++t) f[h][t] = b0 == 0 ? _mm256_setzero_ps() : _mm256_load_ps(part + (h * np + t0 + t) * 8);
     const __m256i m0f = _mm256_set1_epi8(15);
     const __m256i e2m1 = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
                                           0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    const int8_t* xq = x.q + t0 * QK;
-    const float* xd = x.d + t0;
-    const int32_t* xc = x.c + t0;
-    const float* xds = x.ds + t0;
+    const int8_t* xq = x.q + (b0 * x.ld + t0) * QK;
+    const float* xd = x.d + b0 * x.ld + t0;
+    const int32_t* xc = x.c + b0 * x.ld + t0;
+    const float* xds = x.ds + b0 * x.ld + t0;
     const int64_t qstep = x.ld * QK;
-    for (int64_t b = 0; b < w.blocks; ++b, xq += qstep, xd += x.ld, xc += x.ld, xds += x.ld) {
+    for (int64_t b = b0; b < b1; ++b, xq += qstep, xd += x.ld, xc += x.ld, xds += x.ld) {
         const uint8_t* pay[O];
         const uint8_t* sc[O];
         for (int h = 0; h < O; ++h) {
@@ -155,7 +162,8 @@ void octet_tile(const PackedWeights& w, int64_t k0, const QuantAct& x, int t0, f
     for (int h = 0; h < O; ++h)
         for (int t = 0; t < NT; ++t) {
             float* out = y + (t0 + t) * ldy + (k0 + h) * 8;
-            if (h == O - 1 && last_rows < 8) _mm256_maskstore_ps(out, tail_mask8(last_rows), f[h][t]);
+            if (b1 < w.blocks) _mm256_store_ps(part + (h * np + t0 + t) * 8, f[h][t]);
+            else if (h == O - 1 && last_rows < 8) _mm256_maskstore_ps(out, tail_mask8(last_rows), f[h][t]);
             else _mm256_storeu_ps(out, f[h][t]);
         }
 }
@@ -193,17 +201,17 @@ static void q8_prepare(const PackedWeights& w, int64_t k, int64_t b0, int nb, ui
     }
 }
 
-// NT tokens from t0 against the prepared blocks [b0, b0 + nb) of one octet; f continues from out
-// unless first. With a and m loaded once per step for all NT tokens, a step costs per token a
-// broadcast, vpxor, vpmaddubsw, vpmaddwd and vpaddd: 6 tokens (12 accumulators with the float
-// sums) fit the 16 registers and measured faster than 4 (commit message).
+// NT tokens from t0 against the prepared blocks [b0, b0 + nb) of one octet; f continues from
+// part (token t at t * 8) unless first, and goes to out (y) if final, else back to part. With a
+// and m loaded once per step for all NT tokens, a step costs per token a broadcast, vpxor,
+// vpmaddubsw, vpmaddwd and vpaddd: 6 tokens (12 accumulators with the float sums) fit the 16
+// registers and measured faster than 4 (commit message).
 template <int NT>
 void q8_prep_tile(const uint8_t* buf, int nb, int64_t b0, const QuantAct& x, int t0, float* out, int64_t ldy,
-                  int last_rows, bool first) {
+                  int last_rows, float* part, bool first, bool final) {
     __m256 f[NT];
     const __m256i tail = tail_mask8(last_rows);
-    for (int t = 0; t < NT; ++t)
-        f[t] = first ? _mm256_setzero_ps() : last_rows < 8 ? _mm256_maskload_ps(out + t * ldy, tail) : _mm256_loadu_ps(out + t * ldy);
+    for (int t = 0; t < NT; ++t) f[t] = first ? _mm256_setzero_ps() : _mm256_load_ps(part + t * 8);
     const int8_t* xq = x.q + (b0 * x.ld + t0) * QK;
     const float* xd = x.d + b0 * x.ld + t0;
     const int64_t qstep = x.ld * QK;
@@ -229,29 +237,42 @@ void q8_prep_tile(const uint8_t* buf, int nb, int64_t b0, const QuantAct& x, int
             f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t]), _mm256_mul_ps(wd, _mm256_set1_ps(xd[t])), f[t]);
     }
     for (int t = 0; t < NT; ++t) {
-        if (last_rows < 8) _mm256_maskstore_ps(out + t * ldy, tail, f[t]);
+        if (!final) _mm256_store_ps(part + t * 8, f[t]);
+        else if (last_rows < 8) _mm256_maskstore_ps(out + t * ldy, tail, f[t]);
         else _mm256_storeu_ps(out + t * ldy, f[t]);
     }
 }
 
+// Octets [k_begin, k_end) in blocks of kSpanRows rows; per column span (kernels.h) each octet's
+// blocks are prepared kQ8PrepBlocks at a time, the float sums carried over in part (octet o of
+// the row block, token t at (o * n + t) * 8).
 template <int NT>
 void q8_prefill(const PackedWeights& w, int64_t k_begin, int64_t k_end, int last, const QuantAct& x, int n, float* y,
-                int64_t ldy) {
+                int64_t ldy, float* part) {
     alignas(64) uint8_t buf[kQ8PrepBlocks * kQ8PrepBytes];
-    for (int64_t k = k_begin; k < k_end; ++k) {
-        const int lr = k + 1 == k_end ? last : 8;
-        for (int64_t b0 = 0; b0 < w.blocks; b0 += kQ8PrepBlocks) {
-            const int nb = int(w.blocks - b0 < kQ8PrepBlocks ? w.blocks - b0 : kQ8PrepBlocks);
-            q8_prepare(w, k, b0, nb, buf);
-            const bool first = b0 == 0;
-            float* out = y + k * 8;
-            int t0 = 0;
-            for (; t0 + NT <= n; t0 += NT) q8_prep_tile<NT>(buf, nb, b0, x, t0, out + t0 * ldy, ldy, lr, first);
-            if (n - t0 >= NT / 2 && NT / 2 > 1) {
-                q8_prep_tile<NT / 2>(buf, nb, b0, x, t0, out + t0 * ldy, ldy, lr, first);
-                t0 += NT / 2;
+    const int64_t span = int8_span_blocks(w.blocks, n), ro = kSpanRows / 8;  // (part's size, spans or not)
+    for (int64_t kb = k_begin; kb < k_end; kb += ro) {
+        const int64_t ke = kb + ro < k_end ? kb + ro : k_end;
+        for (int64_t s0 = 0; s0 < w.blocks; s0 += span) {
+            const int64_t s1 = s0 + span < w.blocks ? s0 + span : w.blocks;
+            for (int64_t k = kb; k < ke; ++k) {
+                const int lr = k + 1 == k_end ? last : 8;
+                float* out = y + k * 8;
+                float* pk = part + (k - kb) * n * 8;
+                for (int64_t b0 = s0; b0 < s1; b0 += kQ8PrepBlocks) {
+                    const int nb = int(s1 - b0 < kQ8PrepBlocks ? s1 - b0 : kQ8PrepBlocks);
+                    q8_prepare(w, k, b0, nb, buf);
+                    const bool first = b0 == 0, final = b0 + nb == w.blocks;
+                    int t0 = 0;
+                    for (; t0 + NT <= n; t0 += NT)
+                        q8_prep_tile<NT>(buf, nb, b0, x, t0, out + t0 * ldy, ldy, lr, pk + t0 * 8, first, final);
+                    if (n - t0 >= NT / 2 && NT / 2 > 1) {
+                        q8_prep_tile<NT / 2>(buf, nb, b0, x, t0, out + t0 * ldy, ldy, lr, pk + t0 * 8, first, final);
+                        t0 += NT / 2;
+                    }
+                    for (; t0 < n; ++t0) q8_prep_tile<1>(buf, nb, b0, x, t0, out + t0 * ldy, ldy, lr, pk + t0 * 8, first, final);
+                }
             }
-            for (; t0 < n; ++t0) q8_prep_tile<1>(buf, nb, b0, x, t0, out + t0 * ldy, ldy, lr, first);
         }
     }
 }
@@ -270,17 +291,18 @@ constexpr int prefill_tokens() {
 
 // All n tokens against O octets from k0: full tiles of NT, then the rest one smaller tile.
 template <int TYPE, int O, int NT>
-void octet_tiles(const PackedWeights& w, int64_t k0, const QuantAct& x, int n, float* y, int64_t ldy, int last) {
+void octet_tiles(const PackedWeights& w, int64_t k0, const QuantAct& x, int n, float* y, int64_t ldy, int last,
+                 int64_t b0, int64_t b1, float* part) {
     int t0 = 0;
-    for (; t0 + NT <= n; t0 += NT) octet_tile<TYPE, O, NT>(w, k0, x, t0, y, ldy, last);
+    for (; t0 + NT <= n; t0 += NT) octet_tile<TYPE, O, NT>(w, k0, x, t0, y, ldy, last, b0, b1, part, n);
     const int left = n - t0;
     if constexpr (NT > 1)
         if (left > 0) {
             if (left >= NT / 2 && NT / 2 > 1) {
-                octet_tile<TYPE, O, NT / 2>(w, k0, x, t0, y, ldy, last);
+                octet_tile<TYPE, O, NT / 2>(w, k0, x, t0, y, ldy, last, b0, b1, part, n);
                 t0 += NT / 2;
             }
-            for (; t0 < n; ++t0) octet_tile<TYPE, O, 1>(w, k0, x, t0, y, ldy, last);
+            for (; t0 < n; ++t0) octet_tile<TYPE, O, 1>(w, k0, x, t0, y, ldy, last, b0, b1, part, n);
         }
 }
 
@@ -289,34 +311,48 @@ void matmul_int8_typed(const PackedWeights& w, int64_t r0, int64_t r1, const Qua
                        int64_t ldy) {
     const int64_t k_begin = r0 / 8, k_end = (r1 + 7) / 8;
     const int last = int(r1 - (k_end - 1) * 8);
+    const int64_t nb = w.blocks;
     if (n < 4) {
         // decode and small batches: a group (two octets) per pass, so each weight line is read
         // once per token tile
         int64_t k = k_begin;
         for (; k + 2 <= k_end; k += 2) {
             const int lr = k + 2 == k_end ? last : 8;
-            if (n == 1) octet_tile<TYPE, 2, 1>(w, k, x, 0, y, ldy, lr);
-            else if (n == 2) octet_tile<TYPE, 2, 2>(w, k, x, 0, y, ldy, lr);
+            if (n == 1) octet_tile<TYPE, 2, 1>(w, k, x, 0, y, ldy, lr, 0, nb, nullptr, n);
+            else if (n == 2) octet_tile<TYPE, 2, 2>(w, k, x, 0, y, ldy, lr, 0, nb, nullptr, n);
             else {
-                octet_tile<TYPE, 2, 2>(w, k, x, 0, y, ldy, lr);
-                octet_tile<TYPE, 2, 1>(w, k, x, 2, y, ldy, lr);
+                octet_tile<TYPE, 2, 2>(w, k, x, 0, y, ldy, lr, 0, nb, nullptr, n);
+                octet_tile<TYPE, 2, 1>(w, k, x, 2, y, ldy, lr, 0, nb, nullptr, n);
             }
         }
-        if (k < k_end) octet_tiles<TYPE, 1, 2>(w, k, x, n, y, ldy, last);
+        if (k < k_end) octet_tiles<TYPE, 1, 2>(w, k, x, n, y, ldy, last, 0, nb, nullptr);
         return;
     }
+    thread_local Scratch scratch;
+    float* part = scratch.get<float>(size_t(kSpanRows) * n);  // the sums between column spans (kernels.h)
 #ifndef ZEN5_AVXVNNI
-    if constexpr (TYPE == GGML_Q8_0) return q8_prefill<6>(w, k_begin, k_end, last, x, n, y, ldy);
+    if constexpr (TYPE == GGML_Q8_0) return q8_prefill<6>(w, k_begin, k_end, last, x, n, y, ldy, part);
 #endif
     // prefill: an octet at a time, every token tile (its group's weights stay in L1/L2 between
     // the two octets); Q4 without VNNI: both octets of a group at a time, 4 tokens (each
-    // activation broadcast then feeds two vpmaddubsw: measured faster, commit message)
-    int64_t k = k_begin;
+    // activation broadcast then feeds two vpmaddubsw: measured faster, commit message); all of
+    // it per column span over blocks of kSpanRows rows (kernels.h: int8_span_blocks)
+    const int64_t span = int8_span_blocks(nb, n), ro = span == nb ? k_end - k_begin : kSpanRows / 8;
+    for (int64_t kb = k_begin; kb < k_end; kb += ro) {
+        const int64_t ke = kb + ro < k_end ? kb + ro : k_end;
+        const int ke_last = ke == k_end ? last : 8;
+        for (int64_t b0 = 0; b0 < nb; b0 += span) {
+            const int64_t b1 = b0 + span < nb ? b0 + span : nb;
+            int64_t k = kb;
 #ifndef ZEN5_AVXVNNI
-    for (; k + 2 <= k_end; k += 2) octet_tiles<TYPE, 2, 4>(w, k, x, n, y, ldy, k + 2 == k_end ? last : 8);
+            for (; k + 2 <= ke; k += 2)
+                octet_tiles<TYPE, 2, 4>(w, k, x, n, y, ldy, k + 2 == ke ? ke_last : 8, b0, b1, part + (k - kb) * n * 8);
 #endif
-    for (; k < k_end; ++k)
-        octet_tiles<TYPE, 1, prefill_tokens<TYPE>()>(w, k, x, n, y, ldy, k + 1 == k_end ? last : 8);
+            for (; k < ke; ++k)
+                octet_tiles<TYPE, 1, prefill_tokens<TYPE>()>(w, k, x, n, y, ldy, k + 1 == ke ? ke_last : 8, b0, b1,
+                                                              part + (k - kb) * n * 8);
+        }
+    }
 }
 
 void matmul_int8(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n, float* y, int64_t ldy) {

@@ -10,10 +10,7 @@
 #include <immintrin.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
-
-#include <unistd.h>
 
 #include "kernels.h"
 #include "tier_scratch.h"
@@ -949,34 +946,14 @@ void group_tiles(const PackedWeights& w, int64_t g, const QuantAct& x, int n, fl
     }
 }
 
-// Prefill sweeps the columns in spans whose quantized activations (every token's: 32 quants and
-// the d, c, ds scalars per block) stay in L2 while a block of kSpanGroups groups uses them.
-// Without spans each group pair streamed all of them again, and at 8,192 columns (an FFN down
-// projection: 256 tokens x 11 KB) that came from L3, one block's tokens per 4 KB page. Between
-// spans the sums wait in a compact per-thread buffer, not in y: a token's row of y is the
-// matrix's width apart, and at 8,192 rows the lines of one block of y fell into a quarter of the
-// L2's sets. Activations that fit in half the L2 are not split (a split of 2,048 columns
-// measured a few percent slower); larger ones are cut into equal spans of at most a quarter.
-constexpr int64_t kSpanGroups = 16, kActBlockBytes = QK + 12;
-
-int64_t span_blocks(int64_t blocks, int n) {
-    static const int64_t l2 = [] {
-        const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
-        return v > 0 ? int64_t(v) : int64_t(1) << 20;
-    }();
-    const int64_t total = blocks * n * kActBlockBytes;
-    if (n == 1 || total <= l2 / 2) return blocks;
-    const int64_t spans = (total + l2 / 4 - 1) / (l2 / 4);
-    return (blocks + spans - 1) / spans;
-}
-
 template <int TYPE>
 void matmul_int8_typed(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n,
                        float* y, int64_t ldy) {
     const int64_t g_begin = r0 / 16, g_end = (r1 + 15) / 16;
     const int64_t left = r1 - (g_end - 1) * 16;
     const __mmask16 last = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-    const int64_t span = span_blocks(w.blocks, n), rg = span == w.blocks ? g_end - g_begin : kSpanGroups;
+    // spans of columns over blocks of kSpanRows rows (kernels.h: int8_span_blocks)
+    const int64_t span = int8_span_blocks(w.blocks, n), rg = span == w.blocks ? g_end - g_begin : kSpanRows / 16;
     thread_local Scratch scratch;
     float* part = span == w.blocks ? nullptr : scratch.get<float>(size_t(rg) * n * 16);
     for (int64_t gb = g_begin; gb < g_end; gb += rg) {
