@@ -9,6 +9,24 @@ static inline void cpu_relax() { std::this_thread::yield(); }
 
 namespace zen5 {
 
+// The kernels run with flush-to-zero and denormals-are-zero (MXCSR FTZ | DAZ): on Intel an FMA
+// that meets a denormal takes a microcode assist, and attention probabilities of far positions
+// underflow into that range. An 8B Llama (random weights, head size 128) prefilled 512 tokens at
+// 20.8 tok/s on one Xeon thread without, 28.9 with (perf had 27% of the time in the fp16 value
+// sums). Workers keep the mode; the calling thread has it only inside run().
+#if defined(__x86_64__) || defined(_M_X64)
+static constexpr unsigned kFtzDaz = 0x8040;
+static inline unsigned enter_ftz() {
+    const unsigned saved = _mm_getcsr();
+    _mm_setcsr(saved | kFtzDaz);
+    return saved;
+}
+static inline void leave_ftz(unsigned saved) { _mm_setcsr(saved); }
+#else
+static inline unsigned enter_ftz() { return 0; }
+static inline void leave_ftz(unsigned) {}
+#endif
+
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
     for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
 }
@@ -36,6 +54,7 @@ void ThreadPool::work(int thread, uint32_t gen) {
 }
 
 void ThreadPool::worker(int index) {
+    enter_ftz();
     uint64_t seen = 0;
     for (;;) {
         // Spin about 50 microseconds for the next job, then sleep until notified.
@@ -55,6 +74,10 @@ void ThreadPool::worker(int index) {
 
 void ThreadPool::run(int n_tasks, const Task& fn) {
     if (n_tasks <= 0) return;
+    struct Ftz {
+        unsigned saved = enter_ftz();
+        ~Ftz() { leave_ftz(saved); }
+    } ftz;
     if (workers_.empty() || n_tasks == 1) {
         for (int t = 0; t < n_tasks; ++t) fn(t, 0);
         return;
