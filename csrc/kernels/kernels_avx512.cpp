@@ -969,9 +969,9 @@ void matmul_int8_typed(const PackedWeights& w, int64_t r0, int64_t r1, const Qua
             int64_t g = gb;
             float* pg = part;
             // pairs of groups (prefill: each broadcast feeds two; decode: two weight streams in flight)
-                for (; g + kTileGroups <= ge; g += kTileGroups, pg += kTileGroups * n * 16)
-                    group_tiles<TYPE, kTileGroups>(w, g, x, n, y, ldy, g + kTileGroups == ge ? ge_last : __mmask16(0xFFFF),
-                                                   b0, b1, pg);
+            for (; g + kTileGroups <= ge; g += kTileGroups, pg += kTileGroups * n * 16)
+                group_tiles<TYPE, kTileGroups>(w, g, x, n, y, ldy, g + kTileGroups == ge ? ge_last : __mmask16(0xFFFF),
+                                               b0, b1, pg);
             for (; g < ge; ++g, pg += n * 16)
                 group_tiles<TYPE, 1>(w, g, x, n, y, ldy, g + 1 == ge ? ge_last : __mmask16(0xFFFF), b0, b1, pg);
         }
