@@ -37,7 +37,7 @@ def mxfp4_ints(packed: np.ndarray) -> np.ndarray:
     return (fmt.from_mxfp4(packed, np.full((packed.shape[0], packed.shape[1] // 16), 127, np.uint8)) * 2)
 
 
-@pytest.mark.parametrize("rows,n", [(16, 1), (37, 1), (64, 3), (40, 7), (96, 13)])
+@pytest.mark.parametrize("rows,n", [(16, 1), (37, 1), (64, 3), (40, 7), (96, 13), (50, 16), (48, 19)])
 def test_mxfp4_matmul_is_exact_integer_arithmetic_on_every_tier(rows, n):
     rng = np.random.default_rng(rows * 100 + n)
     cols = 160

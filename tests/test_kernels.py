@@ -233,7 +233,7 @@ def int8_product(ints, d_w, x):
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1"])
-@pytest.mark.parametrize("rows,n_tok", [(16, 1), (37, 3), (64, 4), (50, 9)])
+@pytest.mark.parametrize("rows,n_tok", [(16, 1), (37, 3), (64, 4), (50, 9), (83, 16), (40, 17)])
 def test_matmul_int8(fast_isa, kind, rows, n_tok):
     rng = np.random.default_rng(rows * 7 + n_tok)
     cols = 128
@@ -250,14 +250,18 @@ def test_matmul_int8(fast_isa, kind, rows, n_tok):
     assert np.abs(ref - f32).max() <= 2e-2 * np.abs(f32).max()
 
 
-def test_matmul_int8_batch_equals_one_by_one(fast_isa):
-    rng = np.random.default_rng(5)
-    w = random_weights("Q4_1", 48, 96, rng)
-    x = rng.standard_normal((7, 96)).astype(np.float32)
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("n", [6, 7, 12, 16, 17])
+def test_matmul_int8_batch_equals_one_by_one(fast_isa, kind, n):
+    """Every token tile shape (pairs of groups in tiles of 6 and the rest; one tile of 7-16
+    tokens per group) gives each token the bits it gets alone."""
+    rng = np.random.default_rng(5 + n)
+    w = random_weights(kind, 80, 96, rng)
+    x = rng.standard_normal((n, 96)).astype(np.float32)
     for isa in ("ref", fast_isa):
-        batch = testing.kernel_matmul_int8(isa, TYPES["Q4_1"], w, 48, 96, x)
-        single = np.concatenate([testing.kernel_matmul_int8(isa, TYPES["Q4_1"], w, 48, 96, x[i:i + 1])
-                                 for i in range(7)])
+        batch = testing.kernel_matmul_int8(isa, TYPES[kind], w, 80, 96, x)
+        single = np.concatenate([testing.kernel_matmul_int8(isa, TYPES[kind], w, 80, 96, x[i:i + 1])
+                                 for i in range(n)])
         assert np.array_equal(batch, single), isa
 
 

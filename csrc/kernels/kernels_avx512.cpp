@@ -38,10 +38,14 @@ constexpr size_t blk_bytes(int t) { return t == GGML_Q4_0 ? 18 : t == GGML_Q4_1 
 // over 400-750 MB of 4096/14336-wide matrices went from 13.5-15.1 GB/s (one group, 32 blocks) to
 // 15.0-16.7 at 1 thread (the plain read roof: 16.3-16.8) and 26.1-29.7 -> 31.4-32.9 at 2 threads;
 // 0, 16 or 32 blocks ahead, or four groups, were no better than 8 (medians of 5 alternations).
-constexpr int kPrefetchBlocks = 32, kDecodePrefetchBlocks = 8;
+// A batch of at most kOnePassTokens tokens (a V4 expert's share of a prefill, ~12 tokens at V4
+// Flash's 6 of 256; a prompt-lookup verification) runs as one token tile per row group, so its
+// weights stream from memory once, paced by the tile's arithmetic, like decode's: it fetches
+// kDecodePrefetchBlocks ahead too (group_tiles_one_pass).
+constexpr int kPrefetchBlocks = 32, kDecodePrefetchBlocks = 8, kOnePassTokens = 16;
 int prefetch_blocks(int type, int n) {
     static const bool amd = cpu_is_amd();
-    return type == GGML_Q8_0 && amd ? 0 : n == 1 ? kDecodePrefetchBlocks : kPrefetchBlocks;
+    return type == GGML_Q8_0 && amd ? 0 : n <= kOnePassTokens ? kDecodePrefetchBlocks : kPrefetchBlocks;
 }
 
 inline __mmask16 tail_mask(int64_t left) {
@@ -838,7 +842,7 @@ inline __m512i bcast4(const int8_t* p) { return _mm512_set1_epi32(*reinterpret_c
 // the VNNI peak, two per broadcast made Q8_0 prefill faster, commit 2c3f59a). The tile's tokens
 // sit side by side in QuantAct's block-major layout, so every operand is a constant offset from
 // one pointer per array (per-token pointers cost ~30 scalar instructions per token and block). The
-// integer correction (Q8_0: -128 sum q) starts the accumulator; tiles of 4 or more tokens run one
+// integer correction (Q8_0, MXFP4: -128 sum q) starts the accumulator; tiles of 4 or more tokens run one
 // vpdpbusd chain per token (the tokens' chains overlap), smaller ones two. The per-token
 // arithmetic is the same for every G and NT, so a batch gives the bits of the tokens one by one.
 // Blocks [b0, b1) only (a column span, see matmul_int8_typed): unless b0 == 0 the sums start
@@ -854,9 +858,15 @@ void group_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, fl
         for (int t = 0; t < NT; ++t)
             f[h][t] = b0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(part + (h * np + t0 + t) * 16);
     const __m512i m0f = _mm512_set1_epi8(15);
-    // MXFP4: an e2m1 code -> twice its value plus 12, unsigned (vpdpbusd's unsigned operand), per
-    // 128-bit lane for vpshufb; the 12 comes back out through the -12 sum q start of the accumulator
-    const __m512i e2m1 = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    // MXFP4: an e2m1 code -> twice its value plus 128, unsigned (vpdpbusd's unsigned operand), per
+    // 128-bit lane for vpshufb. The 128 comes back out through the -128 sum q start of the
+    // accumulator, QuantAct's c as stored, so like Q8_0 the start is a broadcast from memory (a
+    // load, where an offset of 12 needed c / 32 * 3 in scalar code and a broadcast from a register,
+    // one vector ALU uop per token and group of every block). vpdpbusd does not saturate: 4 x 140
+    // x 127 fits an int32 lane with room to spare.
+    const __m512i e2m1 = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(char(128), char(129), char(130), char(131), char(132), char(134), char(136), char(140),
+                      char(128), 127, 126, 125, 124, 122, 120, 116));
     const int8_t* xq = x.q + (b0 * x.ld + t0) * QK;
     const float* xd = x.d + b0 * x.ld + t0;
     const int32_t* xc = x.c + b0 * x.ld + t0;
@@ -879,10 +889,9 @@ void group_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, fl
 #pragma GCC unroll 16
         for (int t = 0; t < NT; ++t)
             for (int h = 0; h < G; ++h) {
-                acc[0][h][t] = TYPE == GGML_Q8_0    ? _mm512_set1_epi32(xc[t])
-                               : TYPE == GGML_Q4_0  ? _mm512_srai_epi32(_mm512_set1_epi32(xc[t]), 4)  // -8 sum q
-                               : TYPE == kTypeMXFP4 ? _mm512_set1_epi32(xc[t] / 32 * 3)              // -12 sum q
-                                                    : _mm512_setzero_si512();
+                acc[0][h][t] = TYPE == GGML_Q8_0 || TYPE == kTypeMXFP4 ? _mm512_set1_epi32(xc[t])  // -128 sum q
+                               : TYPE == GGML_Q4_0 ? _mm512_srai_epi32(_mm512_set1_epi32(xc[t]), 4)       // -8 sum q
+                                                   : _mm512_setzero_si512();
                 if constexpr (CH == 2) acc[1][h][t] = _mm512_setzero_si512();
             }
 #pragma GCC unroll 8
@@ -951,6 +960,27 @@ void group_tiles(const PackedWeights& w, int64_t g, const QuantAct& x, int n, fl
     }
 }
 
+// Batches of 7 to kOnePassTokens tokens, one group at a time with all the tokens in one tile (up
+// to 16 tokens x 2 accumulators: some spill at 16, still faster). As pairs of groups they ran as
+// tiles of 6 and a rest: the first tile waited on memory (it alone streamed the weights, at
+// ~12 GB/s with its arithmetic, where the bound is 16.9), the later ones found the weights in
+// cache and left the memory idle. Standalone, MXFP4 2048 x 4096 experts walked from DRAM on
+// the Xeon, medians of 5 alternations, GOP/s: 10 tokens 309 -> 353, 12 326-343 -> 384-404,
+// 14 341 -> 435, 16 346-364 -> 436-472; Q4_0 at 12 tokens 350 -> 396, Q8_0 239 -> 244. Fewer
+// tokens were already one tile; at 17-32 tokens, two such passes were no faster than the tiles.
+template <int TYPE>
+void group_tiles_one_pass(const PackedWeights& w, int64_t g, const QuantAct& x, int n, float* y, int64_t ldy,
+                          __mmask16 rows, int64_t b0, int64_t b1, float* part) {
+    switch (n) {
+#define ZEN5_ONE_PASS(N) \
+    case N: return group_tile<TYPE, 1, N>(w, g, x, 0, y, ldy, rows, b0, b1, part, n);
+        ZEN5_ONE_PASS(7) ZEN5_ONE_PASS(8) ZEN5_ONE_PASS(9) ZEN5_ONE_PASS(10) ZEN5_ONE_PASS(11)
+        ZEN5_ONE_PASS(12) ZEN5_ONE_PASS(13) ZEN5_ONE_PASS(14) ZEN5_ONE_PASS(15) ZEN5_ONE_PASS(16)
+#undef ZEN5_ONE_PASS
+    }
+}
+static_assert(kOnePassTokens == 16, "group_tiles_one_pass has a case for each size up to kOnePassTokens");
+
 template <int TYPE>
 void matmul_int8_typed(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n,
                        float* y, int64_t ldy) {
@@ -968,6 +998,11 @@ void matmul_int8_typed(const PackedWeights& w, int64_t r0, int64_t r1, const Qua
             const int64_t b1 = b0 + span < w.blocks ? b0 + span : w.blocks;
             int64_t g = gb;
             float* pg = part;
+            if (n > kTileTokens && n <= kOnePassTokens) {
+                for (; g < ge; ++g, pg += n * 16)
+                    group_tiles_one_pass<TYPE>(w, g, x, n, y, ldy, g + 1 == ge ? ge_last : __mmask16(0xFFFF), b0, b1, pg);
+                continue;
+            }
             // pairs of groups (prefill: each broadcast feeds two; decode: two weight streams in flight)
             for (; g + kTileGroups <= ge; g += kTileGroups, pg += kTileGroups * n * 16)
                 group_tiles<TYPE, kTileGroups>(w, g, x, n, y, ldy, g + kTileGroups == ge ? ge_last : __mmask16(0xFFFF),
