@@ -6,8 +6,10 @@ projections with 128 x 128 block scales, MXFP4 routed experts, BF16 embedding / 
 the real 129,280-token vocabulary) with one layer of each kind: window-only (ratio 0), ratio 4
 with the indexer, ratio 128. Each layer has all 256 routed experts (6 active) and the shared
 one, so decode streams 6 experts that are not in any cache and a 512-token prefill routes about
-12 tokens to each expert, as in the real model. Random values (speed does not depend on them),
-written once to ~/.cache/zen5/bench-models/dsv4-layers (about 12.6 GB).
+12 tokens to each expert, as in the real model: the router's bias is balanced on the bench's
+token stream once, after the model is written (balance_router; unbalanced, random weights sent a
+prefill to about 145 of the 256 experts, up to 265 tokens to one). Random values (speed does not
+depend on them), written once to ~/.cache/zen5/bench-models/dsv4-layers (about 12.6 GB).
 
 Per thread count (a fresh process each, so nothing warm carries over), per context depth d
 (the context first filled to d tokens): decode of --gen tokens, then a 512-token prefill, each
@@ -93,10 +95,13 @@ def bench_config(experts: int = 256) -> dict:
 
 
 def model_dir(models_dir: Path, experts: int, log) -> Path:
-    """The bench checkpoint, written once (into a temporary folder, renamed when complete)."""
+    """The bench checkpoint, written once (into a temporary folder, renamed when complete), its
+    router then balanced (balance_router; the 256-expert model only: a smoke run's is not)."""
     import dsv4_formats as fmt
     out = models_dir / ("dsv4-layers" if experts == 256 else f"dsv4-layers-e{experts}")
     if (out / "config.json").exists():
+        if experts == 256 and not (out / BALANCED).exists():
+            balance_router(out, log)
         return out
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -106,6 +111,100 @@ def model_dir(models_dir: Path, experts: int, log) -> Path:
     fmt.write_inventory(tmp, bench_config(experts), shards=4, random=True)
     tmp.rename(out)
     log(f"  {sum(f.stat().st_size for f in out.iterdir()) / 1e9:.1f} GB in {time.time() - t0:.0f} s")
+    if experts == 256:
+        balance_router(out, log)
+    return out
+
+
+# Written beside config.json once the router is balanced: the rounds' expert loads.
+BALANCED = "router-balanced.json"
+BALANCE_TOKENS = 1024  # the start of the child's token stream: its depth-0 prefill and the context after it
+
+
+def bench_stream(vocab: int, n: int) -> list[int]:
+    """The token stream every child evaluates (its first n tokens: numpy draws them in order)."""
+    import numpy as np
+    rng = np.random.default_rng(1)
+    return [int(t) for t in rng.integers(2, vocab, n)]
+
+
+def route_counts(path: str, n: int) -> list[list[int]]:
+    """Per layer, how many of the stream's first n tokens each expert gets (a fresh load)."""
+    import numpy as np
+
+    from zen5.engine import Engine
+    from zen5.loader.deepseek_v4 import load_deepseek_v4_dir
+    eng = Engine(load_deepseek_v4_dir(path, require_tokenizer=False), threads=os.cpu_count() or 1, n_ctx=n + 8,
+                 weight_cache="off")
+    ctx = eng.native_ctx
+    ctx.eval(bench_stream(eng.config.vocab_size, n))
+    ids = np.asarray(ctx.last_experts())  # (n, layers, top_k)
+    experts = json.loads((Path(path) / "config.json").read_text())["n_routed_experts"]
+    return [np.bincount(ids[:, layer].ravel(), minlength=experts).tolist() for layer in range(ids.shape[1])]
+
+
+def balance_router(path: Path, log, rounds: int = 6) -> dict:
+    """Sets each layer's router bias (ffn.gate.bias, F32, rewritten in place) so that the bench's
+    token stream spreads over the experts as V4 Flash's trained router spreads real text.
+
+    With random weights the inputs of a layer's router are alike from token to token, so the
+    same experts win: a 512-token prefill of the unbalanced bench model used about 145 of the 256
+    experts, some with 190-265 tokens and 84% of the routed rows in experts of more than 16 tokens,
+    where V4 Flash (trained with its aux-loss-free balancing, a per-expert bias in the selection
+    only) gives each expert about 12. That made the bench's prefill read fewer weights in larger
+    batches than the real model would. Here the bias is found the way training finds it: count
+    each expert's tokens over the stream's first BALANCE_TOKENS, move the bias of the crowded
+    down and of the idle up, in proportion to their distance from the mean, and again (each
+    round a fresh process and a fresh load). The selection weights are unchanged (the bias only
+    picks experts, spec 2.4). The llama.cpp GGUF converted from the old values is deleted, so it
+    is converted again from these."""
+    import numpy as np
+    cfg = json.loads((path / "config.json").read_text())
+    n_layers = cfg["num_hidden_layers"]
+    weight_map = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
+    where = []
+    for layer in range(n_layers):
+        name = f"layers.{layer}.ffn.gate.bias"
+        with open(path / weight_map[name], "rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            meta = json.loads(fh.read(size))[name]
+        if meta["dtype"] != "F32":
+            raise ValueError(f"{name} is {meta['dtype']}, the balancing writes F32")
+        where.append((path / weight_map[name], 8 + size + meta["data_offsets"][0], meta["shape"][0]))
+
+    def counts() -> list[list[int]]:
+        proc = subprocess.run([sys.executable, __file__, "--route", str(path), str(BALANCE_TOKENS)],
+                              capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"routing the bench stream failed:\n{proc.stderr[-3000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def summary(c: list[list[int]]) -> list[dict]:
+        return [{"experts_used": int(np.count_nonzero(x)), "max": int(max(x)), "min": int(min(x))} for x in c]
+
+    log(f"balancing the bench model's router on the first {BALANCE_TOKENS} tokens of its stream ({rounds} rounds)")
+    history = []
+    step = 0.5
+    for r in range(rounds + 1):
+        c = counts()
+        history.append(summary(c))
+        log(f"  round {r}: per layer, experts used / max tokens of one: "
+            + ", ".join(f"{h['experts_used']}/{h['max']}" for h in history[-1]))
+        if r == rounds:
+            break
+        for (file, offset, experts), load in zip(where, c):
+            load = np.asarray(load, np.float64)
+            mean = load.mean()
+            with open(file, "r+b") as fh:
+                fh.seek(offset)
+                bias = np.frombuffer(fh.read(4 * experts), "<f4").astype(np.float64)
+                bias += step * (mean - load) / mean
+                fh.seek(offset)
+                fh.write(bias.astype("<f4").tobytes())
+        step *= 0.7
+    out = {"tokens": BALANCE_TOKENS, "top_k": cfg["num_experts_per_tok"], "rounds": history}
+    (path / BALANCED).write_text(json.dumps(out, indent=1) + "\n")
+    path.with_name(path.name + ".gguf").unlink(missing_ok=True)
     return out
 
 
@@ -142,7 +241,6 @@ def child(path: str, threads: int, depths: list[int], gen: int, repeat: int, cac
     decode repetition: "tg_roofs" (their mean, per repetition) beside "tg_reps" (that
     repetition's stage times), so each repetition is divided by the bandwidth of its own moment
     (this VM's moved between 31 and 53 GB/s at 2 threads within seconds)."""
-    import numpy as np
 
     from zen5.engine import Engine
     from zen5.loader.deepseek_v4 import load_deepseek_v4_dir
@@ -158,8 +256,7 @@ def child(path: str, threads: int, depths: list[int], gen: int, repeat: int, cac
     while not eng.weight_cache["promoted"]:  # a mapped arena moves onto huge pages first (weight_cache.py)
         time.sleep(0.1)
     ctx, cfg = eng.native_ctx, eng.native
-    rng = np.random.default_rng(1)
-    stream = [int(t) for t in rng.integers(2, eng.config.vocab_size, max(depths) + PREFILL + gen)]
+    stream = bench_stream(eng.config.vocab_size, max(depths) + PREFILL + gen)
     out = {"load_s": load_s, "experts_s": experts_s, "expert_bytes": eng.native.expert_bytes_total,
            "weight_cache": eng.native.weight_cache, "isa": ctx.isa,
            "layer_bytes": [list(b) for b in cfg.layer_bytes()], "head_bytes": cfg.head_bytes, "depths": {}}
@@ -437,6 +534,8 @@ def projection(run_id: str, rows: list[dict], depths: list[int], results: dict |
     return "\n".join(lines) + "\n"
 
 
+if __name__ == "__main__" and sys.argv[1:2] == ["--route"]:
+    print(json.dumps(route_counts(sys.argv[2], int(sys.argv[3]))))
 if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
     _, _, path, threads, depths, gen, repeat, cache, tier = sys.argv
     print(json.dumps(child(path, int(threads), [int(d) for d in depths.split(",")], int(gen), int(repeat), cache,
