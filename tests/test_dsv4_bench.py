@@ -85,6 +85,37 @@ def test_a_child_measures_every_stage_of_a_tiny_model(tmp_path):
         assert 1.0 < roof < 2000.0 and out["depths"][d]["tg_reps"] == [out["depths"][d]["tg"]]
 
 
+def test_balancing_evens_each_layers_expert_load_through_its_router_bias(tmp_path):
+    """balance_router on a tiny score-routed checkpoint: the bias tensors are rewritten in place,
+    the spread of tokens per expert narrows on every layer, the rounds are recorded beside the
+    checkpoint and a GGUF converted from the old values is gone."""
+    import numpy as np
+
+    from dsv4_checkpoint import make_checkpoint
+
+    ckpt = make_checkpoint(tmp_path / "tiny", shards=2, overrides={"num_hash_layers": 0})
+    gguf = ckpt.with_name(ckpt.name + ".gguf")
+    gguf.write_bytes(b"converted from the old bias")
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+    shard = ckpt / index["layers.0.ffn.gate.bias"]
+    before_bytes = shard.read_bytes()
+    first = dsv4_bench.route_counts(str(ckpt), dsv4_bench.BALANCE_TOKENS)
+    out = dsv4_bench.balance_router(ckpt, lambda msg: None, rounds=3)
+    last = dsv4_bench.route_counts(str(ckpt), dsv4_bench.BALANCE_TOKENS)
+    assert out["rounds"][0] == [{"experts_used": int(np.count_nonzero(c)), "max": max(c), "min": min(c)}
+                                for c in first]
+    for a, b in zip(first, last):
+        assert sum(a) == sum(b)  # every token still goes to top_k experts
+        assert max(b) - min(b) < max(a) - min(a)
+    changed = np.flatnonzero(np.frombuffer(shard.read_bytes(), np.uint8) != np.frombuffer(before_bytes, np.uint8))
+    size = int.from_bytes(before_bytes[:8], "little")
+    header = json.loads(before_bytes[8:8 + size])
+    biases = [(8 + size + t["data_offsets"][0], 8 + size + t["data_offsets"][1])
+              for name, t in header.items() if name.endswith("ffn.gate.bias")]
+    assert changed.size > 0 and all(any(lo <= i < hi for lo, hi in biases) for i in changed)  # the biases only
+    assert json.loads((ckpt / dsv4_bench.BALANCED).read_text()) == out and not gguf.exists()
+
+
 def test_rows_give_each_stage_its_figures_and_the_peer_the_same_totals():
     class Peer:
         name, isa = "llama.cpp-native", "avx512"
