@@ -159,18 +159,18 @@ def balance_router(path: Path, log, rounds: int = 6) -> dict:
     picks experts, spec 2.4). The llama.cpp GGUF converted from the old values is deleted, so it
     is converted again from these."""
     import numpy as np
+
+    from zen5.loader.safetensors import read_safetensors_header, shard_files
     cfg = json.loads((path / "config.json").read_text())
-    n_layers = cfg["num_hidden_layers"]
-    weight_map = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
-    where = []
-    for layer in range(n_layers):
+    found = {name: (file, dtype, offsets) for file in shard_files(str(path))
+             for name, (dtype, _, offsets) in read_safetensors_header(file).items()}
+    where = []  # per layer: its bias's file and byte range
+    for layer in range(cfg["num_hidden_layers"]):
         name = f"layers.{layer}.ffn.gate.bias"
-        with open(path / weight_map[name], "rb") as fh:
-            size = int.from_bytes(fh.read(8), "little")
-            meta = json.loads(fh.read(size))[name]
-        if meta["dtype"] != "F32":
-            raise ValueError(f"{name} is {meta['dtype']}, the balancing writes F32")
-        where.append((path / weight_map[name], 8 + size + meta["data_offsets"][0], meta["shape"][0]))
+        file, dtype, offsets = found[name]
+        if dtype != "F32":
+            raise ValueError(f"{name} is {dtype}, the balancing writes F32")
+        where.append((file, offsets))
 
     def counts() -> list[list[int]]:
         proc = subprocess.run([sys.executable, __file__, "--route", str(path), str(BALANCE_TOKENS)],
@@ -192,14 +192,13 @@ def balance_router(path: Path, log, rounds: int = 6) -> dict:
             + ", ".join(f"{h['experts_used']}/{h['max']}" for h in history[-1]))
         if r == rounds:
             break
-        for (file, offset, experts), load in zip(where, c):
+        for (file, (begin, end)), load in zip(where, c):
             load = np.asarray(load, np.float64)
-            mean = load.mean()
             with open(file, "r+b") as fh:
-                fh.seek(offset)
-                bias = np.frombuffer(fh.read(4 * experts), "<f4").astype(np.float64)
-                bias += step * (mean - load) / mean
-                fh.seek(offset)
+                fh.seek(begin)
+                bias = np.frombuffer(fh.read(end - begin), "<f4").astype(np.float64)
+                bias += step * (load.mean() - load) / load.mean()
+                fh.seek(begin)
                 fh.write(bias.astype("<f4").tobytes())
         step *= 0.7
     out = {"tokens": BALANCE_TOKENS, "top_k": cfg["num_experts_per_tok"], "rounds": history}

@@ -991,6 +991,7 @@ void matmul_int8_typed(const PackedWeights& w, int64_t r0, int64_t r1, const Qua
     const int64_t span = int8_span_blocks(w.blocks, n), rg = span == w.blocks ? g_end - g_begin : kSpanRows / 16;
     thread_local Scratch scratch;
     float* part = span == w.blocks ? nullptr : scratch.get<float>(size_t(rg) * n * 16);
+    const bool one_pass = n > kTileTokens && n <= kOnePassTokens;
     for (int64_t gb = g_begin; gb < g_end; gb += rg) {
         const int64_t ge = gb + rg < g_end ? gb + rg : g_end;
         const __mmask16 ge_last = ge == g_end ? last : __mmask16(0xFFFF);
@@ -998,17 +999,17 @@ void matmul_int8_typed(const PackedWeights& w, int64_t r0, int64_t r1, const Qua
             const int64_t b1 = b0 + span < w.blocks ? b0 + span : w.blocks;
             int64_t g = gb;
             float* pg = part;
-            if (n > kTileTokens && n <= kOnePassTokens) {
-                for (; g < ge; ++g, pg += n * 16)
-                    group_tiles_one_pass<TYPE>(w, g, x, n, y, ldy, g + 1 == ge ? ge_last : __mmask16(0xFFFF), b0, b1, pg);
-                continue;
+            // pairs of groups (prefill: each broadcast feeds two; decode: two weight streams in
+            // flight), except for the batches that run one group at a time in one pass
+            if (!one_pass)
+                for (; g + kTileGroups <= ge; g += kTileGroups, pg += kTileGroups * n * 16)
+                    group_tiles<TYPE, kTileGroups>(w, g, x, n, y, ldy,
+                                                   g + kTileGroups == ge ? ge_last : __mmask16(0xFFFF), b0, b1, pg);
+            for (; g < ge; ++g, pg += n * 16) {
+                const __mmask16 rows = g + 1 == ge ? ge_last : __mmask16(0xFFFF);
+                if (one_pass) group_tiles_one_pass<TYPE>(w, g, x, n, y, ldy, rows, b0, b1, pg);
+                else group_tiles<TYPE, 1>(w, g, x, n, y, ldy, rows, b0, b1, pg);
             }
-            // pairs of groups (prefill: each broadcast feeds two; decode: two weight streams in flight)
-            for (; g + kTileGroups <= ge; g += kTileGroups, pg += kTileGroups * n * 16)
-                group_tiles<TYPE, kTileGroups>(w, g, x, n, y, ldy, g + kTileGroups == ge ? ge_last : __mmask16(0xFFFF),
-                                               b0, b1, pg);
-            for (; g < ge; ++g, pg += n * 16)
-                group_tiles<TYPE, 1>(w, g, x, n, y, ldy, g + 1 == ge ? ge_last : __mmask16(0xFFFF), b0, b1, pg);
         }
     }
 }

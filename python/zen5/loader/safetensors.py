@@ -58,8 +58,9 @@ def hf_to_gguf_name(name: str) -> str | None:
 
 # --- safetensors files ------------------------------------------------------------------------
 
-def read_safetensors(path) -> dict[str, tuple[str, tuple[int, ...], np.ndarray]]:
-    """HF name -> (dtype, shape, flat uint8 memmap view) for every tensor in one file."""
+def read_safetensors_header(path) -> dict[str, tuple[str, tuple[int, ...], tuple[int, int]]]:
+    """HF name -> (dtype, shape, (begin, end) byte offsets in the file), checked, for every
+    tensor in one file."""
     path = os.fspath(path)
     size = os.path.getsize(path)
     if size < 8:
@@ -69,15 +70,21 @@ def read_safetensors(path) -> dict[str, tuple[str, tuple[int, ...], np.ndarray]]
         if not 2 <= n <= min(size - 8, _MAX_HEADER):
             raise BadModelFile(path, f"bad safetensors header length {n} (file has {size} bytes)")
         header = _parse_json(path, f.read(n))
-    data = np.memmap(path, dtype=np.uint8, mode="r")
     start = 8 + n
     out = {}
     for name, entry in header.items():
         if name == "__metadata__":
             continue
         dtype, shape, (b, e) = _entry(path, name, entry, size - start)
-        out[name] = (dtype, shape, np.asarray(data[start + b:start + e]))
+        out[name] = (dtype, shape, (start + b, start + e))
     return out
+
+
+def read_safetensors(path) -> dict[str, tuple[str, tuple[int, ...], np.ndarray]]:
+    """HF name -> (dtype, shape, flat uint8 memmap view) for every tensor in one file."""
+    header = read_safetensors_header(path)
+    data = np.memmap(os.fspath(path), dtype=np.uint8, mode="r")
+    return {name: (dtype, shape, np.asarray(data[b:e])) for name, (dtype, shape, (b, e)) in header.items()}
 
 
 def _parse_json(path, raw: bytes) -> dict:
