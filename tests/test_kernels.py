@@ -250,6 +250,36 @@ def test_matmul_int8(fast_isa, kind, rows, n_tok):
     assert np.abs(ref - f32).max() <= 2e-2 * np.abs(f32).max()
 
 
+def packed_layout_spec(kind: str, w: np.ndarray, rows: int, cols: int) -> bytes:
+    """The int8 layout of kernels.h built in numpy: per (16-row group, 32-column block) a payload
+    of 64-byte chunks (chunk j: each row's bytes 4j..4j+3 of its quants; Q8_0's plus 128), then,
+    in a second array, the 16 rows' fp16 d (and Q4_1's m); padding rows zero."""
+    nb, groups = cols // 32, -(-rows // 16)
+    blocks = np.zeros((groups * 16, nb, BLOCK_BYTES[kind]), np.uint8)
+    blocks[:rows] = w.reshape(rows, nb, BLOCK_BYTES[kind])
+    blocks = blocks.reshape(groups, 16, nb, -1).transpose(0, 2, 1, 3)  # (group, block, lane, bytes)
+    head = 4 if kind == "Q4_1" else 2
+    q = blocks[..., head:].copy()
+    if kind == "Q8_0":  # u = q + 128 for the rows; padding rows stay zero
+        real = (16 * np.arange(groups)[:, None] + np.arange(16)) < rows
+        q[real.nonzero()[0], :, real.nonzero()[1]] ^= 0x80
+    words = q.reshape(groups, nb, 16, -1, 4).transpose(0, 1, 3, 2, 4)  # (group, block, chunk, lane, 4)
+    scales = blocks[..., :head].reshape(groups, nb, 16, -1, 2).transpose(0, 1, 3, 2, 4)  # d (and m) of 16 lanes
+    return np.ascontiguousarray(words).tobytes() + np.ascontiguousarray(scales).tobytes()
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("rows", [16, 48, 61])
+def test_packed_layout_is_the_documented_one_whole_groups_or_row_by_row(kind, rows):
+    """A load packs whole 16-row groups by word transposes and a partial group's rows one by one:
+    both give the layout of kernels.h byte for byte, however the rows are split into calls."""
+    rng = np.random.default_rng(rows)
+    w = random_weights(kind, rows, 96, rng)
+    want = packed_layout_spec(kind, w, rows, 96)
+    for piece in (1, 16, 32, rows):
+        assert testing.pack_layout(TYPES[kind], w, rows, 96, piece) == want, piece
+
+
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1"])
 @pytest.mark.parametrize("n", [6, 7, 12, 16, 17])
 def test_matmul_int8_batch_equals_one_by_one(fast_isa, kind, n):
