@@ -143,6 +143,22 @@ void FileMaps::release(const void* p, size_t n) const {
 #endif
 }
 
+// Four rows' 16 bytes at src[i] + off, as a 4 x 4 matrix of 4-byte words, stored transposed:
+// word j of the four rows side by side at dst + j * stride (flip: bytes xored on the way, Q8_0's
+// q + 128 = q ^ 0x80). Both repacked layouts put 16 rows' 4-byte words side by side; copying
+// them 4 bytes at a time, row by row, was most of a first load's CPU time (8B Q4_1: 30% of the
+// samples, beside the kernel's zeroing of the fresh arena pages at 19%).
+static inline void transpose_words(const uint8_t* const src[4], size_t off, uint8_t* dst, size_t stride,
+                                   __m128i flip) {
+    __m128i r[4];
+    for (int i = 0; i < 4; ++i) r[i] = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src[i] + off)), flip);
+    const __m128i lo01 = _mm_unpacklo_epi32(r[0], r[1]), lo23 = _mm_unpacklo_epi32(r[2], r[3]);
+    const __m128i hi01 = _mm_unpackhi_epi32(r[0], r[1]), hi23 = _mm_unpackhi_epi32(r[2], r[3]);
+    const __m128i word[4] = {_mm_unpacklo_epi64(lo01, lo23), _mm_unpackhi_epi64(lo01, lo23),
+                             _mm_unpacklo_epi64(hi01, hi23), _mm_unpackhi_epi64(hi01, hi23)};
+    for (int j = 0; j < 4; ++j) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j * stride), word[j]);
+}
+
 void pack_float_panels(const WeightView& w, FloatPanels& p, uint8_t* dst, int64_t r0, int64_t r1) {
     p.type = w.type, p.rows = w.rows, p.cols = w.cols;
     p.bands = (w.rows + kPanelRows - 1) / kPanelRows;
@@ -163,12 +179,19 @@ void pack_float_panels(const WeightView& w, FloatPanels& p, uint8_t* dst, int64_
         const uint8_t* src[16];
         for (int64_t r = ra; r < rb; ++r) src[r - ra] = w.row(r);
         const int n = int(rb - ra);
-        auto copy = [&](auto unit) {  // a step's size known to the compiler: moves, not memcpy calls
-            for (int64_t s = 0; s < full; ++s)
+        auto copy = [&](auto unit, int64_t s) {  // a step's size known to the compiler: moves, not memcpy calls
+            for (; s < full; ++s)
                 for (int i = 0; i < n; ++i) std::memcpy(at + s * stride + i * sizeof unit, src[i] + s * sizeof unit, sizeof unit);
         };
-        if (step_bytes == 4) copy(uint32_t{});
-        else copy(uint16_t{});
+        if (step_bytes == 4) {
+            int64_t s = 0;
+            if (n == 16)  // a whole group: 4 steps of 4 rows at a time
+                for (; s + 4 <= full; s += 4)
+                    for (int i = 0; i < 16; i += 4) transpose_words(src + i, 4 * s, at + s * stride + 4 * i, stride, _mm_setzero_si128());
+            copy(uint32_t{}, s);
+        } else {
+            copy(uint16_t{}, 0);
+        }
         if (full < p.steps)
             for (int i = 0; i < n; ++i)
                 std::memcpy(at + full * stride + i * step_bytes, src[i] + full * step_bytes, (w.cols % per_step) * elem);
@@ -197,16 +220,13 @@ size_t packed_bytes(const WeightView& w) {
     return payload ? size_t((w.rows + 15) / 16) * (w.cols / QK) * (payload + packed_scale_bytes(w.type)) : 0;
 }
 
-// One whole 16-row group of a Q4_0 / Q4_1 / Q8_0 matrix, block by block: the 16 rows' 4-byte
-// words of a block are a 16 x 4 (Q8_0: 16 x 8) matrix of words, and the payload is its
-// transpose, so four rows at a time go through an SSE2 4 x 4 word transpose. The row-by-row loop
-// of pack_into writes the same bytes 4 at a time, scattered: it was most of a first load's CPU
-// time (8B Q4_1: 30% of the samples, the kernel's page zeroing 19%).
+// One whole 16-row group of a Q4_0 / Q4_1 / Q8_0 matrix, block by block: the payload is the
+// transpose of the 16 rows' quant words (transpose_words, four rows at a time).
 static void pack_group_words(const WeightView& w, const PackedWeights& p, uint8_t* dst, uint8_t* scales,
                              int64_t g) {
     const size_t bb = row_bytes(w.type, QK);
     const int qoff = w.type == GGML_Q4_1 ? 4 : 2, quads = w.type == GGML_Q8_0 ? 2 : 1;
-    const __m128i flip = _mm_set1_epi8(w.type == GGML_Q8_0 ? char(0x80) : 0);  // Q8_0: q + 128 is q ^ 0x80
+    const __m128i flip = _mm_set1_epi8(w.type == GGML_Q8_0 ? char(0x80) : 0);
     const uint8_t* row[16];
     for (int l = 0; l < 16; ++l) row[l] = w.row(16 * g + l);
     for (int64_t b = 0; b < p.blocks; ++b) {
@@ -218,18 +238,7 @@ static void pack_group_words(const WeightView& w, const PackedWeights& p, uint8_
             if (w.type == GGML_Q4_1) std::memcpy(sc + 32 + 2 * l, src + 2, 2);  // m
         }
         for (int l = 0; l < 16; l += 4)
-            for (int q = 0; q < quads; ++q) {
-                __m128i r[4];
-                for (int i = 0; i < 4; ++i)
-                    r[i] = _mm_xor_si128(
-                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(row[l + i] + b * bb + qoff + 16 * q)), flip);
-                const __m128i lo01 = _mm_unpacklo_epi32(r[0], r[1]), lo23 = _mm_unpacklo_epi32(r[2], r[3]);
-                const __m128i hi01 = _mm_unpackhi_epi32(r[0], r[1]), hi23 = _mm_unpackhi_epi32(r[2], r[3]);
-                const __m128i word[4] = {_mm_unpacklo_epi64(lo01, lo23), _mm_unpackhi_epi64(lo01, lo23),
-                                         _mm_unpacklo_epi64(hi01, hi23), _mm_unpackhi_epi64(hi01, hi23)};
-                for (int j = 0; j < 4; ++j)
-                    _mm_storeu_si128(reinterpret_cast<__m128i*>(pay + 64 * (4 * q + j) + 4 * l), word[j]);
-            }
+            for (int q = 0; q < quads; ++q) transpose_words(row + l, b * bb + qoff + 16 * q, pay + 256 * q + 4 * l, 64, flip);
     }
 }
 
