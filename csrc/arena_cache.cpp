@@ -16,9 +16,11 @@
 namespace zen5 {
 
 namespace {
-// Bump whenever pack_into / pack_float_panels / owned_bytes change the arena's bytes or layout:
-// a file of another layout is then ignored (and rewritten), never misread.
-constexpr uint64_t kLayout = 1;
+// Bump whenever pack_into / pack_float_panels / owned_bytes change the arena's bytes or layout,
+// or pack_and_hash the fingerprint's definition (the trailer's fingerprint stands for a fresh
+// load's): a file of another layout is then ignored (and rewritten), never misread. 2: a matrix
+// is fingerprinted by its 16-row groups' hashes.
+constexpr uint64_t kLayout = 2;
 constexpr char kMagic[8] = {'Z', 'E', 'N', '5', 'A', 'R', 'N', '1'};
 
 struct Trailer {

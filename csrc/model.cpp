@@ -143,20 +143,27 @@ void FileMaps::release(const void* p, size_t n) const {
 #endif
 }
 
-// Four rows' 16 bytes at src[i] + off, as a 4 x 4 matrix of 4-byte words, stored transposed:
-// word j of the four rows side by side at dst + j * stride (flip: bytes xored on the way, Q8_0's
-// q + 128 = q ^ 0x80). Both repacked layouts put 16 rows' 4-byte words side by side; copying
-// them 4 bytes at a time, row by row, was most of a first load's CPU time (8B Q4_1: 30% of the
-// samples, beside the kernel's zeroing of the fresh arena pages at 19%).
-static inline void transpose_words(const uint8_t* const src[4], size_t off, uint8_t* dst, size_t stride,
-                                   __m128i flip) {
-    __m128i r[4];
-    for (int i = 0; i < 4; ++i) r[i] = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src[i] + off)), flip);
+// Four rows' 16 bytes as a 4 x 4 matrix of 4-byte words, stored transposed: word j of the four
+// rows side by side at dst + j * stride. Both repacked layouts put 16 rows' 4-byte words side by
+// side; copying them 4 bytes at a time, row by row, was most of a first load's CPU time (8B Q4_1:
+// 30% of the samples, beside the kernel's zeroing of the fresh arena pages at 19%).
+static inline void store_transposed(const __m128i r[4], uint8_t* dst, size_t stride) {
     const __m128i lo01 = _mm_unpacklo_epi32(r[0], r[1]), lo23 = _mm_unpacklo_epi32(r[2], r[3]);
     const __m128i hi01 = _mm_unpackhi_epi32(r[0], r[1]), hi23 = _mm_unpackhi_epi32(r[2], r[3]);
     const __m128i word[4] = {_mm_unpacklo_epi64(lo01, lo23), _mm_unpackhi_epi64(lo01, lo23),
                              _mm_unpacklo_epi64(hi01, hi23), _mm_unpackhi_epi64(hi01, hi23)};
     for (int j = 0; j < 4; ++j) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j * stride), word[j]);
+}
+
+static inline __m128i load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+
+// A block of MXFP4 pairs (byte i: element 2i low, 2i + 1 high) in the Q4 order the kernels read
+// (byte k: element k low, element 16 + k high): split the nibbles, interleave them back into
+// element order (elements 0-15, then 16-31), and merge the halves.
+static inline __m128i mxfp4_in_q4_order(__m128i x) {
+    const __m128i m = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(x, m), hi = _mm_and_si128(_mm_srli_epi16(x, 4), m);
+    return _mm_or_si128(_mm_unpacklo_epi8(lo, hi), _mm_slli_epi16(_mm_unpackhi_epi8(lo, hi), 4));  // < 16: no carry
 }
 
 void pack_float_panels(const WeightView& w, FloatPanels& p, uint8_t* dst, int64_t r0, int64_t r1) {
@@ -187,7 +194,11 @@ void pack_float_panels(const WeightView& w, FloatPanels& p, uint8_t* dst, int64_
             int64_t s = 0;
             if (n == 16)  // a whole group: 4 steps of 4 rows at a time
                 for (; s + 4 <= full; s += 4)
-                    for (int i = 0; i < 16; i += 4) transpose_words(src + i, 4 * s, at + s * stride + 4 * i, stride, _mm_setzero_si128());
+                    for (int i = 0; i < 16; i += 4) {
+                        const __m128i r[4] = {load16(src[i] + 4 * s), load16(src[i + 1] + 4 * s),
+                                              load16(src[i + 2] + 4 * s), load16(src[i + 3] + 4 * s)};
+                        store_transposed(r, at + s * stride + 4 * i, stride);
+                    }
             copy(uint32_t{}, s);
         } else {
             copy(uint16_t{}, 0);
@@ -220,13 +231,14 @@ size_t packed_bytes(const WeightView& w) {
     return payload ? size_t((w.rows + 15) / 16) * (w.cols / QK) * (payload + packed_scale_bytes(w.type)) : 0;
 }
 
-// One whole 16-row group of a Q4_0 / Q4_1 / Q8_0 matrix, block by block: the payload is the
-// transpose of the 16 rows' quant words (transpose_words, four rows at a time).
+// One whole 16-row group of a Q4_0 / Q4_1 / Q8_0 / MXFP4 matrix, block by block: the payload is
+// the transpose of the 16 rows' quant words (store_transposed, four rows at a time).
 static void pack_group_words(const WeightView& w, const PackedWeights& p, uint8_t* dst, uint8_t* scales,
                              int64_t g) {
     const size_t bb = row_bytes(w.type, QK);
-    const int qoff = w.type == GGML_Q4_1 ? 4 : 2, quads = w.type == GGML_Q8_0 ? 2 : 1;
-    const __m128i flip = _mm_set1_epi8(w.type == GGML_Q8_0 ? char(0x80) : 0);
+    const bool mx = w.type == kTypeMXFP4;
+    const int qoff = w.type == GGML_Q4_1 ? 4 : mx ? 0 : 2, quads = w.type == GGML_Q8_0 ? 2 : 1;
+    const __m128i flip = _mm_set1_epi8(w.type == GGML_Q8_0 ? char(0x80) : 0);  // Q8_0: q + 128 is q ^ 0x80
     const uint8_t* row[16];
     for (int l = 0; l < 16; ++l) row[l] = w.row(16 * g + l);
     for (int64_t b = 0; b < p.blocks; ++b) {
@@ -234,11 +246,22 @@ static void pack_group_words(const WeightView& w, const PackedWeights& p, uint8_
         uint8_t* pay = dst + (size_t(g) * p.blocks + b) * p.block_bytes;
         for (int l = 0; l < 16; ++l) {
             const uint8_t* src = row[l] + b * bb;
+            if (mx) {
+                sc[l] = w.scales[(16 * g + l) * p.blocks + b];  // E8M0
+                continue;
+            }
             std::memcpy(sc + 2 * l, src, 2);                                   // d
             if (w.type == GGML_Q4_1) std::memcpy(sc + 32 + 2 * l, src + 2, 2);  // m
         }
         for (int l = 0; l < 16; l += 4)
-            for (int q = 0; q < quads; ++q) transpose_words(row + l, b * bb + qoff + 16 * q, pay + 256 * q + 4 * l, 64, flip);
+            for (int q = 0; q < quads; ++q) {
+                __m128i r[4];
+                for (int i = 0; i < 4; ++i) {
+                    r[i] = _mm_xor_si128(load16(row[l + i] + b * bb + qoff + 16 * q), flip);
+                    if (mx) r[i] = mxfp4_in_q4_order(r[i]);
+                }
+                store_transposed(r, pay + 256 * q + 4 * l, 64);
+            }
     }
 }
 
@@ -288,7 +311,7 @@ void pack_into(const WeightView& w, PackedWeights& p, uint8_t* dst, int64_t r0, 
             }
         }
     };
-    const bool words = w.type == GGML_Q4_0 || w.type == GGML_Q4_1 || w.type == GGML_Q8_0;
+    const bool words = w.type == GGML_Q4_0 || w.type == GGML_Q4_1 || w.type == GGML_Q8_0 || w.type == kTypeMXFP4;
     if (r1 < 0) r1 = w.rows;
     for (int64_t r = r0; r < r1;) {  // whole groups by words, a partial one's rows one by one
         if (words && r % 16 == 0 && r + 16 <= r1) pack_group_words(w, p, dst, scales, r / 16), r += 16;
@@ -396,39 +419,44 @@ uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name, co
             release_ends(t);
             continue;
         }
-        StreamHash sh(h, t->nbytes);
         auto it = at_of.find(t->data);
         if (it == at_of.end()) {  // not a matrix of the arena: hash it and drop its pages
+            StreamHash sh(h, t->nbytes);
             for (size_t o = 0; o < t->nbytes; o += kStripe) {
                 const size_t n = std::min(kStripe, t->nbytes - o);
                 sh.update(t->data + o, n);
                 maps.release(t->data + o, n);
             }
+            h = sh.finish();
         } else {
+            // A matrix enters the hash as the hashes of its 16-row groups, in order: each is
+            // hashed by the task that packs it, just before, while its bytes are in L1/L2 (one
+            // read of the file instead of two). A task of its own hashing the stripe as a stream
+            // beside the packing was as much CPU as the packing once that used word transposes.
             const WeightView& w0 = *it->second.front().first;
+            const int64_t groups = (w0.rows + 15) / 16;
+            StreamHash sh(h, size_t(groups) * 8);
+            std::vector<uint64_t> group_hash;
             const int64_t rows_per = std::max<int64_t>(16, int64_t(kStripe / w0.row_bytes) / 16 * 16);
             for (int64_t r0 = 0; r0 < w0.rows; r0 += rows_per) {
                 const int64_t r1 = std::min(w0.rows, r0 + rows_per);
                 const uint8_t* src = w0.row(r0);
                 const size_t n = size_t(r1 - r0) * w0.row_bytes;
-                // the stripe's rows packed by every thread, 16 at a time (a group: no two threads
-                // write one destination block), so the arena's pages are also first touched, and
-                // zeroed by the kernel, on every core: both were most of a load's time. Task 0
-                // hashes the stripe meanwhile (tasks are claimed in order, so it starts first):
-                // run before the packing, on one core, it was 15-20% of a first load
+                // the stripe's rows hashed and packed by every thread, 16 at a time (a group: no
+                // two threads write one destination block), so the arena's pages are also first
+                // touched, and zeroed by the kernel, on every core: both were most of a load's time
                 const int tasks = int((r1 - r0 + 15) / 16);
-                pool.run(tasks + 1, [&](int t, int) {
-                    if (t == 0) {
-                        sh.update(src, n);
-                        return;
-                    }
-                    const int64_t a = r0 + int64_t(t - 1) * 16, b = std::min(r1, a + 16);
+                group_hash.resize(size_t(tasks));
+                pool.run(tasks, [&](int t, int) {
+                    const int64_t a = r0 + int64_t(t) * 16, b = std::min(r1, a + 16);
+                    group_hash[size_t(t)] = hash_bytes(w0.row(a), size_t(b - a) * w0.row_bytes, 0);
                     for (auto& [w, dst] : it->second) pack_rows(*w, dst, a, b);
                 });
+                sh.update(reinterpret_cast<const uint8_t*>(group_hash.data()), size_t(tasks) * 8);
                 maps.release(src, n);
             }
+            h = sh.finish();
         }
-        h = sh.finish();
     }
     // Once more over the whole file, now that nothing reads it: a page fault maps the pages
     // around it that are in the page cache too (fault-around, 64 KiB), so starting on a stripe

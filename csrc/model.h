@@ -93,8 +93,9 @@ class FileMaps {
 // Packs `mats` into one arena (PackedWeights / FloatPanels, set on each view) and hashes every
 // tensor of `by_name` into `h` in name order, in one pass over the file: each tensor in stripes of
 // a few MiB that are hashed, packed where a matrix reads them and released (FileMaps), so the
-// resident file pages at any moment are one stripe, not the file; the pool's threads pack each
-// stripe. Returns the hash. With a matching cache file the arena is mapped from it instead, and
+// resident file pages at any moment are one stripe, not the file; the pool's threads hash and pack
+// each stripe, a 16-row group per task (a matrix enters the hash as its groups' hashes, in order).
+// Returns the hash. With a matching cache file the arena is mapped from it instead, and
 // after packing the arena is written to it (arena_cache.h). Tensors whose data is in `sampled`
 // (packed later, on first use) enter the hash by name, type, shape and their first and last
 // 256 bytes only, and are neither read further nor released. The packing runs on `pool`, or on

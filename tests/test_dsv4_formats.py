@@ -61,6 +61,28 @@ def test_mxfp4_matmul_is_exact_integer_arithmetic_on_every_tier(rows, n):
     assert np.abs(outs["ref"] - f32).max() <= 2e-2 * np.abs(f32).max()
 
 
+@pytest.mark.parametrize("rows", [16, 37, 64])
+def test_mxfp4_packed_layout_whole_groups_or_row_by_row(rows):
+    """A load packs whole 16-row groups of MXFP4 experts with SIMD (nibbles split, put back in
+    element order, word transposes) and a partial group's rows one by one: both give kernels.h's
+    layout byte for byte: per (group, block) byte 4 lane + k of chunk j is element 4j + k of the
+    lane's row (low nibble) and element 16 + 4j + k (high), then the 16 rows' E8M0 bytes."""
+    rng = np.random.default_rng(rows)
+    cols = 96
+    packed, scales = random_mxfp4(rng, rows, cols)
+    groups, nb = -(-rows // 16), cols // 32
+    codes = np.zeros((groups * 16, cols), np.uint8)  # element order; padding rows zero
+    codes[:rows, 0::2], codes[:rows, 1::2] = packed.view(np.uint8) & 15, packed.view(np.uint8) >> 4
+    c = codes.reshape(groups, 16, nb, 32).transpose(0, 2, 1, 3)  # (group, block, lane, element)
+    q4 = c[..., :16] | c[..., 16:] << 4  # (group, block, lane, byte k)
+    payload = q4.reshape(groups, nb, 16, 4, 4).transpose(0, 1, 3, 2, 4)  # (group, block, chunk, lane, 4)
+    sc = np.zeros((groups * 16, nb), np.uint8)
+    sc[:rows] = scales
+    want = payload.tobytes() + np.ascontiguousarray(sc.reshape(groups, 16, nb).transpose(0, 2, 1)).tobytes()
+    for piece in (1, 16, rows):
+        assert testing.pack_layout(TYPE_MXFP4, packed.view(np.uint8), rows, cols, piece, scales) == want, piece
+
+
 def test_mxfp4_nibble_order_and_signs():
     """One row whose element k is code k % 16: the low nibble is the even element, bit 3 the sign."""
     cols = 64

@@ -183,6 +183,34 @@ def test_released_pages_read_back(tmp_path):
         np.testing.assert_array_equal(la, lb)
 
 
+def test_the_fingerprint_covers_every_byte(tmp_path):
+    """The fingerprint (which keys KV snapshots and the weight cache's trailer) changes with any
+    one byte of the weights: a matrix's rows enter it as their 16-row groups' hashes, hashed by the
+    tasks that pack them, the other tensors as a stream. Identical bytes give the same value."""
+    path = write_gguf(tmp_path / "m.gguf", n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64)
+    w = load_weights(path)
+
+    def fingerprint(name=None, at=0):
+        copy = {n: type(t)(t.name, t.ggml_type, t.shape, np.array(t.data)) for n, t in w.tensors.items()}
+        if name:
+            flat = copy[name].data.reshape(-1).view(np.uint8)
+            flat[at % flat.size] ^= 1
+        heap = type(w)(w.config, copy, w.tokenizer, w.chat_template, w.metadata)
+        return Engine(heap, n_ctx=16, threads=2, weight_cache="off").native.fingerprint
+
+    base = fingerprint()
+    assert fingerprint() == base
+    emb = w.tensors["token_embd.weight"]
+    rows = emb.shape[0]
+    row_bytes = emb.data.size * emb.data.itemsize // rows
+    flips = [("blk.0.ffn_gate.weight", 0), ("blk.1.ffn_down.weight", 12345), ("blk.1.ffn_down.weight", -1),
+             ("token_embd.weight", (rows - 1) * row_bytes + 7),  # the tied head's last (partial) group
+             ("blk.0.attn_norm.weight", 5)]
+    got = {f: fingerprint(*f) for f in flips}
+    assert all(v != base for v in got.values()), got
+    assert len(set(got.values())) == len(flips)
+
+
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.BF16], ids=lambda t: t.name)
 def test_a_wider_load_pool_packs_the_same_arena(qtype, tmp_path, monkeypatch):
     """The weights are packed by the default thread count's cores even for a 1-thread engine
