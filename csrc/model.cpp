@@ -20,6 +20,10 @@ uint64_t hash_bytes(const void* data, size_t n, uint64_t seed) {
     const uint8_t* p = static_cast<const uint8_t*>(data);
     size_t i = 0;
     for (; i + 32 <= n; i += 32) {
+        // 2 KiB ahead: a first load hashes the file's bytes from DRAM, and the four multiply
+        // chains alone left one stream's misses waiting (standalone, 1 GiB: 6.3 -> 11.3 GB/s;
+        // in cache 17 either way). A prefetch past the end is harmless (it never faults).
+        if ((i & 63) == 0) __builtin_prefetch(p + i + 2048);
         for (int l = 0; l < 4; ++l) {
             uint64_t w;
             std::memcpy(&w, p + i + 8 * l, 8);
