@@ -126,16 +126,16 @@ void register_testing(py::module_& parent) {
         return y;
     }, py::arg("isa"), py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"),
        py::arg("scales") = U8Array());
-    // the packed layout's bytes (payloads, then scales) of Q4_0 / Q4_1 / Q8_0 / MXFP4 rows (MXFP4:
-    // with its E8M0 scales), packed `piece` rows per call as a load's tasks do (a piece of 1 takes
-    // the row-by-row path, 16 the whole groups')
+    // the packed layout's bytes (payloads, then scales) of Q4_0 / Q4_1 / Q8_0 / MXFP4 / FP8 rows
+    // (MXFP4, FP8: with their E8M0 scales), packed `piece` rows per call as a load's tasks do (a
+    // piece of 1 takes the row-by-row path, 16 the whole groups')
     m.def("pack_layout", [](int type, U8Array w, int64_t rows, int64_t cols, int64_t piece, U8Array scales) {
         const size_t rb = row_bytes(type, cols);
         if (rb == 0 || size_t(w.size()) != rb * size_t(rows)) throw ZenError("weight bytes do not match type/shape");
-        if (type != GGML_Q4_0 && type != GGML_Q4_1 && type != GGML_Q8_0 && type != kTypeMXFP4)
-            throw ZenError("not a type packed from its own words");
+        if (!packed_payload_bytes(type)) throw ZenError("not a type of the int8 layout");
         if (piece <= 0) throw ZenError("piece must be positive");
-        const size_t ns = type == kTypeMXFP4 ? size_t(rows * cols / QK) : 0;
+        const size_t ns = type == kTypeMXFP4 ? size_t(rows * cols / QK)
+                          : type == kTypeFP8 ? size_t((rows + 127) / 128 * ((cols + 127) / 128)) : 0;
         if (size_t(scales.size()) != ns) throw ZenError("scales do not match type/shape");
         WeightView wv{w.data(), type, rows, cols, rb};
         wv.scales = ns ? scales.data() : nullptr;

@@ -123,6 +123,16 @@ def test_fp8_requantization_error_against_exact_dequantization():
     for isa in ["ref", *FAST_TIERS]:
         y = testing.kernel_matmul_int8(isa, TYPE_FP8, q8, rows, cols, x, s)
         assert np.abs(y - want).max() <= 1e-5 * np.abs(want).max(), isa
+    # the packed bytes are those ints and scales exactly, in the Q8_0 layout (kernels.h)
+    groups, nb = -(-rows // 16), cols // 32
+    u = np.zeros((groups * 16, nb, 32), np.uint8)
+    u[:rows] = (ints.astype(np.int16) + 128).astype(np.uint8)
+    payload = u.reshape(groups, 16, nb, 8, 4).transpose(0, 2, 3, 1, 4)  # (group, block, chunk, lane, 4)
+    d16 = np.zeros((groups * 16, nb), np.float16)
+    d16[:rows] = d
+    layout = payload.tobytes() + np.ascontiguousarray(d16.reshape(groups, 16, nb).transpose(0, 2, 1)).tobytes()
+    for piece in (1, 16, rows):
+        assert testing.pack_layout(TYPE_FP8, q8.view(np.uint8), rows, cols, piece, s) == layout, piece
 
 
 # ---- a whole checkpoint in the official formats ------------------------------------------------

@@ -15,8 +15,8 @@ def kernel_matmul(isa: str, type: int, w: npt.NDArray[np.uint8], rows: int, cols
 # scales: the E8M0 bytes of DeepSeek V4's FP8 (type 1000) / MXFP4 (type 1001) weights
 def kernel_matmul_int8(isa: str, type: int, w: npt.NDArray[np.uint8], rows: int, cols: int,
                        x: npt.ArrayLike, scales: npt.NDArray[np.uint8] = ...) -> _F32: ...
-# the int8 layout's bytes (payloads, then scales) of Q4_0/Q4_1/Q8_0/MXFP4 rows (MXFP4: with its E8M0
-# scales), packed `piece` rows per call
+# the int8 layout's bytes (payloads, then scales) of Q4_0/Q4_1/Q8_0/MXFP4/FP8 rows (MXFP4, FP8: with
+# their E8M0 scales), packed `piece` rows per call
 def pack_layout(type: int, w: npt.NDArray[np.uint8], rows: int, cols: int, piece: int,
                 scales: npt.NDArray[np.uint8] = ...) -> bytes: ...
 def kernel_dequant_row(isa: str, type: int, src: npt.NDArray[np.uint8], n: int) -> _F32: ...
