@@ -31,7 +31,7 @@ from pathlib import Path
 from workload import WARMUP, n_tokens
 
 HERE = Path(__file__).resolve().parent
-TIERS = ("ref", "avx2", "avx2vnni", "avx512")  # zen5's ISA tiers, worst to best
+TIERS = ("ref", "avx2", "avx2vnni", "avx512", "amx")  # zen5's ISA tiers, worst to best
 TORCH_DTYPES = {"torch-fp32": "fp32", "torch-bf16": "bf16"}
 LLAMA_PEERS = ("llama.cpp-native", "llama.cpp-avx512", "llama.cpp-amx", "llama.cpp-avx2vnni", "llama.cpp-avx2")
 ALL_PEERS = LLAMA_PEERS + tuple(TORCH_DTYPES)
@@ -93,7 +93,7 @@ def llama_peers(flags) -> dict[str, LlamaPeer]:
     for build in planned_builds(flags):
         if build == "native":
             if has_amx(flags):
-                p = LlamaPeer("llama.cpp-amx", "native", "native (AMX)", "avx512+amx", "avx512")
+                p = LlamaPeer("llama.cpp-amx", "native", "native (AMX)", "avx512+amx", "amx")
             elif has_avx512(flags):
                 p = LlamaPeer("llama.cpp-native", "native", "native (AVX-512)", "avx512", "avx512")
             elif {"avx2", "fma"} <= set(flags):
@@ -114,9 +114,9 @@ def llama_peers(flags) -> dict[str, LlamaPeer]:
 def default_peers(tier: str, best: str, flags) -> tuple[str, ...]:
     """The peers a run of zen5's `tier` is measured against: the llama.cpp builds of the same
     instruction set (avx2vnni: the AVX2 + AVX-VNNI build and, to show what VNNI gives each
-    engine, the plain AVX2 one), plus PyTorch when `tier` is the CPU's best (torch cannot be
-    limited to a lower tier)."""
-    want = {"avx2vnni", "avx2"} if tier == "avx2vnni" else {tier}
+    engine, the plain AVX2 one; amx: the AMX build and, likewise, the AVX-512 one), plus PyTorch
+    when `tier` is the CPU's best (torch cannot be limited to a lower tier)."""
+    want = {"avx2vnni": {"avx2vnni", "avx2"}, "amx": {"amx", "avx512"}}.get(tier, {tier})
     built = llama_peers(flags)
     names = [n for n in LLAMA_PEERS if n in built and built[n].tier in want]  # the old order
     return tuple(names) + (tuple(TORCH_DTYPES) if tier == best else ())

@@ -33,9 +33,9 @@ PEERS = (("llama.cpp-native", "llama.cpp native"), ("llama.cpp-avx512", "llama.c
 QUANT_ORDER = {"Q4_0": -1, "Q4_1": 0, "Q8_0": 1, "BF16": 2}
 SIZE_ORDER = {"1.7b": 0, "8b": 1}
 SIZE_NAMES = {"1.7b": "1.7B (SmolLM2-1.7B shape)", "8b": "8B (Llama-3-8B shape)"}
-TIERS = ("ref", "avx2", "avx2vnni", "avx512")  # zen5's ISA tiers (bench/peers.py)
+TIERS = ("ref", "avx2", "avx2vnni", "avx512", "amx")  # zen5's ISA tiers (bench/peers.py)
 NOISY = 2.0  # a forced-tier row whose max / min tok/s exceeds this is called out as noisy
-ISA_NAMES = {"avx512": "AVX-512", "avx2": "AVX2", "avx2vnni": "AVX2 + AVX-VNNI", "ref": "reference (scalar)"}
+ISA_NAMES = {"amx": "AMX (AVX-512 + AMX int8 prefill)", "avx512": "AVX-512", "avx2": "AVX2", "avx2vnni": "AVX2 + AVX-VNNI", "ref": "reference (scalar)"}
 
 
 def split_stem(path: Path) -> tuple[str, str]:
@@ -195,6 +195,7 @@ def render_real(path: Path, rows: list[dict]) -> str:
     speed = [r for r in rows if r["test"] not in ("load", "load_first", "failed")]
     by = {(r["engine"], r["model_size"], r["quant"], r["threads"], r["test"]): r for r in rows}
     runs = sorted({(r["run_id"], r["commit"], r["isa"], r["load1_start"]) for r in rows if r["engine"] == "zen5"})
+    isas = {isa for _, _, isa, _ in runs}
     reps = sorted({r["repeats"] for r in speed})
     steal = statistics.mean(float(r["steal_pct"]) for r in rows)
     out = ["### Real model sizes", "",
@@ -202,8 +203,10 @@ def render_real(path: Path, rows: list[dict]) -> str:
            f"bench/real_bench.py): Llama-architecture GGUFs at real widths with **random weights** "
            f"(bench/real_models.py; speed does not depend on the weights' values), zen5 against "
            f"{', '.join(lbl for _, lbl in peers) or 'no peer'} on the same file, interleaved; {cpu.replace('_', ' ')}, "
-           f"zen5's {ISA_NAMES.get(tier or (runs[0][2] if runs else ''), tier)} tier; "
-           + "; ".join(f"run {rid} (commit `{c}`, 1-minute load average {ld} at the start)" for rid, c, _, ld in runs)
+           + (f"zen5's {ISA_NAMES.get(tier or (runs[0][2] if runs else ''), tier)} tier; " if len(isas) < 2 else
+              "zen5's tier per run (a row comes from the latest run of its model, weights and threads); ")
+           + "; ".join(f"run {rid} (commit `{c}`, " + (f"{ISA_NAMES.get(isa, isa)} tier, " if len(isas) > 1 else "")
+                       + f"1-minute load average {ld} at the start)" for rid, c, isa, ld in runs)
            + f"; {'/'.join(reps)} repetitions (medians, tokens/s), steal {steal:.1f}% of CPU time. "
            f"*roof*: decode GB/s (tok/s x the matrices' bytes, read once per token) over the DRAM read "
            f"bandwidth measured in the same run at the same thread count; prefill GOP/s (2 x matmul "
@@ -218,7 +221,8 @@ def render_real(path: Path, rows: list[dict]) -> str:
         cells = [bold(float(p["tps_median"]), f"{_fmt(float(p['tps_median']))} ({z / float(p['tps_median']):.2f}x)")
                  if p else "-" for p in found]
         roof = f"{100 * float(r['frac_roof']):.0f}%" if r["frac_roof"] else "-"
-        out.append(f"| {r['model_size'].upper()} | {r['quant']} | {r['threads']} | {r['test']} | {bold(z, _fmt(z))} | "
+        tier_of = f" ({r['isa']})" if len(isas) > 1 else ""  # rows from runs on different tiers
+        out.append(f"| {r['model_size'].upper()} | {r['quant']} | {r['threads']} | {r['test']} | {bold(z, _fmt(z))}{tier_of} | "
                    + " | ".join(cells) + f" | {roof} |")
     out += ["", "Load (open to first token; zen5: `load_weights` to the first token's logits in a fresh process; "
                 "llama.cpp: starting `llama-bench -p 0 -n 1` to its first result) and resident memory "

@@ -234,13 +234,13 @@ def test_the_llama_peer_is_the_first_of_the_tiers_builds_that_is_there(tmp_path,
     exe.chmod(0o755)
     monkeypatch.setenv("ZEN5_PEERS", str(tmp_path))
     monkeypatch.setenv("ZEN5_CPU_FLAGS", "avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni amx_tile amx_int8")
-    assert peers.default_peers("avx512", "avx512", peers.cpu_flags())[:2] == ("llama.cpp-avx512", "llama.cpp-amx")
+    assert peers.default_peers("amx", "amx", peers.cpu_flags())[:2] == ("llama.cpp-avx512", "llama.cpp-amx")
     model = tmp_path / "dsv4"
     model.with_name("dsv4.gguf").write_bytes(b"")  # already converted
     logged = []
     run = dsv4_bench.DeepSeekV4Run(_parse("--deepseek-v4", "--out", str(tmp_path)), log=logged.append)
-    bench, gguf = run.llama(model, "avx512")
+    bench, gguf = run.llama(model, "amx")
     assert (bench.name, bench.exe, gguf) == ("llama.cpp-amx", exe, model.with_name("dsv4.gguf"))
     assert any("llama.cpp-avx512 skipped" in m for m in logged)
     exe.unlink()  # neither built: no peer, and the run goes on without one
-    assert run.llama(model, "avx512") is None
+    assert run.llama(model, "amx") is None

@@ -24,7 +24,7 @@ def _run(*args, env=None):
 
 
 def test_tiers_are_ordered_and_the_best_supported_one_is_chosen():
-    assert [t for t, _ in ALL] == ["ref", "avx2", "avx2vnni", "avx512"]
+    assert [t for t, _ in ALL] == ["ref", "avx2", "avx2vnni", "avx512", "amx"]
     assert TIERS[0] == "ref"
     if "ZEN5_FORCE_ISA" not in os.environ:
         assert _native.isa == TIERS[-1]
@@ -32,7 +32,8 @@ def test_tiers_are_ordered_and_the_best_supported_one_is_chosen():
     flags = cpuinfo.read_text().split("\nflags")[1].split("\n")[0].split() if cpuinfo.exists() else []
     if flags:  # the CPU's own word, independently of our CPUID reading
         need = {"avx2": {"avx2", "fma", "f16c"}, "avx2vnni": {"avx2", "fma", "f16c", "avx_vnni"},
-                "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}}
+                "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"},
+                "amx": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "amx_tile", "amx_int8"}}
         for tier, missing in ALL[1:]:
             assert (not missing) == need[tier].issubset(flags), (tier, missing)
 
@@ -73,15 +74,17 @@ def test_tier_objects_define_no_weak_symbols():
         out = subprocess.run(["nm", "-C", "--defined-only", str(obj)], capture_output=True, text=True,
                              check=True).stdout
         weak = [line for line in out.splitlines() if re.match(r"^\S+ [WVu] ", line)]
-        assert not weak, f"{obj.name} ({obj.parent.parent.parent.parent.name}) defines weak symbols: {weak[:5]}"
+        assert not weak, f"{obj.name} ({obj.parents[2].name}) defines weak symbols: {weak[:5]}"
         # and the wider instructions stay in their tier: no zmm in the AVX2 builds, no vpdpbusd without VNNI
-        tier = obj.parents[3].name.removeprefix("zen5_").removesuffix(".dir")
+        tier = obj.parents[2].name.removeprefix("zen5_").removesuffix(".dir")  # CMakeFiles/zen5_<tier>.dir/csrc/kernels
         asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(obj)], capture_output=True, text=True,
                              check=True).stdout
         if tier in ("avx2", "avx2vnni"):
             assert "%zmm" not in asm and "%k1" not in asm, obj
         if tier == "avx2":
             assert "vpdpbusd" not in asm, obj
+        if tier != "amx":  # tile instructions only in the AMX tier's file
+            assert "%tmm" not in asm, obj
 
 
 QEMU = shutil.which("qemu-x86_64")

@@ -529,6 +529,36 @@ def test_matmul_int8_column_spans(kind):
         assert np.array_equal(o, outs[0]), (isa, FAST_TIERS[0])
 
 
+def _mxfp4_weights(rows: int, cols: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """Random e2m1 pairs and E8M0 scales near 2^0 (kernels.h: kTypeMXFP4)."""
+    return (rng.integers(0, 256, rows * cols // 2, dtype=np.uint8),
+            rng.integers(118, 136, rows * cols // 32, dtype=np.uint8))
+
+
+@pytest.mark.skipif("amx" not in FAST_TIERS, reason="no AMX tier on this machine")
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "MXFP4"])
+def test_amx_tiles_give_the_avx512_bits(kind):
+    """The AMX tier's prefill computes the integer sums of whole 16-token tiles on the tile unit
+    and applies the same float steps as the AVX-512 tile, so it gives the AVX-512 tier's bits for
+    every token count: whole tiles (16, 32), tiles plus AVX-512's rest (17, 45), one span of
+    blocks or several (4,096 and 14,336 columns at 200 tokens), and groups cut short (rows % 16).
+    The reference check (within 1e-5 of the numpy emulation) covers the tiles again through
+    test_matmul_int8's 16 and 17 tokens."""
+    rng = np.random.default_rng(list(kind.encode()))
+    for rows, cols, counts in ((48, 128, (16, 17, 32, 45)), (37, 4096, (16, 200)), (20, 14336, (200,))):
+        if kind == "MXFP4":
+            w, scales = _mxfp4_weights(rows, cols, rng)
+            type_id = 1001
+        else:
+            w, scales, type_id = random_weights(kind, rows, cols, rng), np.zeros(0, np.uint8), TYPES[kind]
+        for n in counts:
+            x = rng.standard_normal((n, cols)).astype(np.float32)
+            amx = testing.kernel_matmul_int8("amx", type_id, w, rows, cols, x, scales)
+            avx512 = testing.kernel_matmul_int8("avx512", type_id, w, rows, cols, x, scales)
+            assert np.array_equal(amx.view(np.uint32), avx512.view(np.uint32)), (rows, cols, n)
+            assert np.all(np.isfinite(amx)) and np.abs(amx).max() > 0
+
+
 @pytest.mark.skipif(len(FAST_TIERS) < 2, reason="needs two SIMD tiers on this machine")
 @pytest.mark.parametrize("kind", list(TYPES))
 def test_simd_tiers_give_the_same_bits(kind):

@@ -10,6 +10,9 @@
 #include "kernels.h"
 
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#endif
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
@@ -26,13 +29,17 @@ const Kernels* kernels_avx2() { return nullptr; }
 #ifdef ZEN5_NO_AVX2VNNI
 const Kernels* kernels_avx2vnni() { return nullptr; }
 #endif
+#ifdef ZEN5_NO_AMX
+const Kernels* kernels_amx() { return nullptr; }
+#endif
 
 namespace {
 
 struct Features {
-    bool osxsave = false, ymm_os = false, zmm_os = false;
+    bool osxsave = false, ymm_os = false, zmm_os = false, tile_os = false;
     bool avx = false, fma = false, f16c = false, avx2 = false, avxvnni = false;
     bool f = false, dq = false, bw = false, vl = false, vnni512 = false;
+    bool amx_tile = false, amx_int8 = false;
 };
 
 Features read_features() {
@@ -49,6 +56,7 @@ Features read_features() {
         __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
         x.ymm_os = (lo & 0x6u) == 0x6u;    // XCR0 bits 1 SSE, 2 AVX
         x.zmm_os = (lo & 0xE6u) == 0xE6u;  // + 5 opmask, 6 ZMM_Hi256, 7 Hi16_ZMM
+        x.tile_os = (lo & 0x60000u) == 0x60000u;  // 17 XTILECFG, 18 XTILEDATA
     }
     if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
         x.avx2 = b & (1u << 5);
@@ -57,6 +65,8 @@ Features read_features() {
         x.bw = b & (1u << 30);
         x.vl = b & (1u << 31);
         x.vnni512 = c & (1u << 11);
+        x.amx_tile = d & (1u << 24);
+        x.amx_int8 = d & (1u << 25);
     }
     if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) x.avxvnni = a & (1u << 4);
 #endif
@@ -74,6 +84,18 @@ std::string missing(const Kernels* built, std::initializer_list<std::pair<const 
     if (!os_ok) return std::string("OS does not save the ") + os_state + " state (XCR0)";
     if (!built) return "not built (compiler or target without these instructions)";
     return "";
+}
+
+// Linux enables the AMX tile data state (8 KB per thread) only for a process that asks for it
+// (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16 and later); until then a tile instruction faults.
+// Permission is per process and covers the threads it starts later too.
+bool request_tile_permission() {
+#if defined(__linux__) && (defined(__x86_64__) || defined(_M_X64))
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
 }
 
 struct Tiers {
@@ -94,6 +116,14 @@ struct Tiers {
                           {"AVX512_VNNI", x.vnni512}, {"FMA", x.fma}, {"F16C", x.f16c}},
                          x.zmm_os, "ZMM");
         table[3] = why[3].empty() ? kernels_avx512() : nullptr;
+        why[4] = missing(kernels_amx(),
+                         {{"AVX512F", x.f}, {"AVX512DQ", x.dq}, {"AVX512BW", x.bw}, {"AVX512VL", x.vl},
+                          {"AVX512_VNNI", x.vnni512}, {"FMA", x.fma}, {"F16C", x.f16c}, {"AMX-TILE", x.amx_tile},
+                          {"AMX-INT8", x.amx_int8}},
+                         x.zmm_os && x.tile_os, "ZMM and AMX tile");
+        if (why[4].empty() && !request_tile_permission())
+            why[4] = "OS refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM; Linux 5.16 or later)";
+        table[4] = why[4].empty() ? kernels_amx() : nullptr;
     }
 };
 
@@ -102,7 +132,7 @@ const Tiers& tiers() {
     return t;
 }
 
-constexpr const char* kTierNames[kTierCount] = {"ref", "avx2", "avx2vnni", "avx512"};
+constexpr const char* kTierNames[kTierCount] = {"ref", "avx2", "avx2vnni", "avx512", "amx"};
 
 }  // namespace
 
@@ -146,7 +176,7 @@ const Kernels& kernels_by_name(const char* name) {
             if (!t.kernels) throw std::runtime_error(std::string(name) + " kernels unavailable: " + t.missing);
             return *t.kernels;
         }
-    throw std::runtime_error(std::string("unknown ISA '") + name + "' (expected ref, avx2, avx2vnni or avx512)");
+    throw std::runtime_error(std::string("unknown ISA '") + name + "' (expected ref, avx2, avx2vnni, avx512 or amx)");
 }
 
 static const Kernels* g_active = nullptr;

@@ -1,9 +1,10 @@
 // The kernel table: every hot operation of the decoder, in one version per ISA tier: a scalar
 // reference (kernels_ref.cpp, the spec), AVX2 (kernels_avx2.cpp, built twice: AVX2+FMA+F16C, and
-// again with AVX-VNNI as avx2vnni) and AVX-512 (kernels_avx512.cpp); each SIMD tier is a
-// translation unit of its own with its own flags. The best tier this CPU, OS and build support is
-// chosen once at import from CPUID + XCR0 (cpu_features.cpp), or forced with
-// ZEN5_FORCE_ISA=ref|avx2|avx2vnni|avx512. Nothing else in the engine calls SIMD intrinsics, so
+// again with AVX-VNNI as avx2vnni), AVX-512 (kernels_avx512.cpp) and AMX (kernels_amx.cpp: the
+// AVX-512 table with the int8 prefill matmul on AMX tiles); each SIMD tier is a translation unit
+// of its own with its own flags. The best tier this CPU, OS and build support is chosen once at
+// import from CPUID + XCR0 (cpu_features.cpp), or forced with
+// ZEN5_FORCE_ISA=ref|avx2|avx2vnni|avx512|amx. Nothing else in the engine calls SIMD intrinsics, so
 // the rest of the code builds for any x86-64 or ARM target.
 #pragma once
 #include <cstddef>
@@ -255,8 +256,9 @@ const Kernels& kernels_ref();
 const Kernels* kernels_avx2();
 const Kernels* kernels_avx2vnni();
 const Kernels* kernels_avx512();
+const Kernels* kernels_amx();  // avx512's table, the int8 prefill matmul on AMX tiles (kernels_amx.cpp)
 
-// The ISA tiers, worst to best: ref, avx2, avx2vnni, avx512. `missing` is empty when this CPU, OS
+// The ISA tiers, worst to best: ref, avx2, avx2vnni, avx512, amx. `missing` is empty when this CPU, OS
 // and build can run the tier, else what is missing ("CPU lacks AVX512_VNNI", "OS does not save
 // the YMM state", "not built"...).
 struct IsaTier {
@@ -264,7 +266,7 @@ struct IsaTier {
     const Kernels* kernels;  // nullptr when missing
     const char* missing;     // "" when supported
 };
-constexpr int kTierCount = 4;
+constexpr int kTierCount = 5;
 IsaTier isa_tier(int i);  // i in [0, kTierCount)
 bool cpu_supports_avx512();
 bool cpu_is_amd() noexcept;  // CPUID vendor "AuthenticAMD": the kernels' software prefetch differs (kernels_avx512.cpp)
