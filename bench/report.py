@@ -35,7 +35,8 @@ SIZE_ORDER = {"1.7b": 0, "8b": 1}
 SIZE_NAMES = {"1.7b": "1.7B (SmolLM2-1.7B shape)", "8b": "8B (Llama-3-8B shape)"}
 TIERS = ("ref", "avx2", "avx2vnni", "avx512", "amx")  # zen5's ISA tiers (bench/peers.py)
 NOISY = 2.0  # a forced-tier row whose max / min tok/s exceeds this is called out as noisy
-ISA_NAMES = {"amx": "AMX (AVX-512 + AMX int8 prefill)", "avx512": "AVX-512", "avx2": "AVX2", "avx2vnni": "AVX2 + AVX-VNNI", "ref": "reference (scalar)"}
+ISA_NAMES = {"amx": "AMX (AVX-512 + AMX int8 prefill)", "avx512": "AVX-512",
+             "avx2": "AVX2", "avx2vnni": "AVX2 + AVX-VNNI", "ref": "reference (scalar)"}
 
 
 def split_stem(path: Path) -> tuple[str, str]:
@@ -222,7 +223,8 @@ def render_real(path: Path, rows: list[dict]) -> str:
                  if p else "-" for p in found]
         roof = f"{100 * float(r['frac_roof']):.0f}%" if r["frac_roof"] else "-"
         tier_of = f" ({r['isa']})" if len(isas) > 1 else ""  # rows from runs on different tiers
-        out.append(f"| {r['model_size'].upper()} | {r['quant']} | {r['threads']} | {r['test']} | {bold(z, _fmt(z))}{tier_of} | "
+        out.append(f"| {r['model_size'].upper()} | {r['quant']} | {r['threads']} | {r['test']} | "
+                   f"{bold(z, _fmt(z))}{tier_of} | "
                    + " | ".join(cells) + f" | {roof} |")
     out += ["", "Load (open to first token; zen5: `load_weights` to the first token's logits in a fresh process; "
                 "llama.cpp: starting `llama-bench -p 0 -n 1` to its first result) and resident memory "
