@@ -36,7 +36,7 @@ def pytest_unconfigure(config):
 
 @pytest.fixture(params=FAST_TIERS or [pytest.param(None, marks=pytest.mark.skip(reason="no SIMD tier runs here"))])
 def fast_isa(request) -> str:
-    """Each SIMD tier this CPU, OS and build support (avx2, avx2vnni, avx512), checked against ref."""
+    """Each SIMD tier this CPU, OS and build support (avx2, avx2vnni, avx512, amx), checked against ref."""
     return request.param
 
 

@@ -1,4 +1,4 @@
-"""Every kernel of each SIMD table this machine runs (avx2, avx2vnni, avx512: the `fast_isa`
+"""Every kernel of each SIMD table this machine runs (avx2, avx2vnni, avx512, amx: the `fast_isa`
 fixture) against the scalar reference on random inputs.
 
 Sizes are deliberately not multiples of the vector width (8 or 16 floats) where the type allows, so

@@ -96,7 +96,7 @@ class Engine:
         self.n_ctx = int(n_ctx or min(cfg.n_ctx_train, DEFAULT_MAX_CTX))
         if self.n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
-        # isa: a tier name ("ref", "avx2", "avx2vnni", "avx512") forces a kernel table for this
+        # isa: a tier name ("ref", "avx2", "avx2vnni", "avx512", "amx") forces a kernel table for this
         # context (tests run each); None uses the one chosen at import (CPUID, or ZEN5_FORCE_ISA).
         self.qat: bool | None = None
         # weight_cache: the directory of packed-weight arenas ("off": none; weight_cache.py)

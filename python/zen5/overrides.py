@@ -23,7 +23,7 @@ DOCUMENTED = {
     "ZEN5_SHARED_MODELS": "a folder of local models searched by name (default ../shared/models)",
     "ZEN5_INDEX_URL": "the package index models are fetched from (default PyPI's simple index)",
     # read by the native module at import, where the kernel tier is chosen (cpu_features.cpp)
-    "ZEN5_FORCE_ISA": "the kernel tier: ref, avx2, avx2vnni or avx512 (default: the best this CPU runs)",
+    "ZEN5_FORCE_ISA": "the kernel tier: ref, avx2, avx2vnni, avx512 or amx (default: the best this CPU runs)",
 }
 
 
