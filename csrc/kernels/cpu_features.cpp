@@ -29,9 +29,19 @@ const Kernels* kernels_avx2() { return nullptr; }
 #ifdef ZEN5_NO_AVX2VNNI
 const Kernels* kernels_avx2vnni() { return nullptr; }
 #endif
+const Kernels* kernels_amx() {
 #ifdef ZEN5_NO_AMX
-const Kernels* kernels_amx() { return nullptr; }
+    return nullptr;
+#else
+    static const Kernels k = [] {
+        Kernels t = *kernels_avx512();
+        t.name = "amx";
+        t.matmul_int8 = matmul_int8_amx;
+        return t;
+    }();
+    return &k;
 #endif
+}
 
 namespace {
 

@@ -256,7 +256,12 @@ const Kernels& kernels_ref();
 const Kernels* kernels_avx2();
 const Kernels* kernels_avx2vnni();
 const Kernels* kernels_avx512();
-const Kernels* kernels_amx();  // avx512's table, the int8 prefill matmul on AMX tiles (kernels_amx.cpp)
+// avx512's table with matmul_int8_amx (kernels_amx.cpp, the tier's only code) as its int8 matmul.
+// The table is assembled in baseline code (cpu_features.cpp): copied in the AMX tier's file, the
+// copy was made with zmm moves, before any CPU check, and killed the import on AVX2-only CPUs.
+const Kernels* kernels_amx();
+void matmul_int8_amx(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n, float* y,
+                     int64_t ldy);
 
 // The ISA tiers, worst to best: ref, avx2, avx2vnni, avx512, amx. `missing` is empty when this CPU, OS
 // and build can run the tier, else what is missing ("CPU lacks AVX512_VNNI", "OS does not save

@@ -193,9 +193,10 @@ void matmul_typed(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct
     _tile_release();  // back to the init state: the thread's saved context stays small
 }
 
+}  // namespace
+
 void matmul_int8_amx(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n, float* y,
                      int64_t ldy) {
-    const Kernels& avx512 = *kernels_avx512();
     const int n16 = n / kTok * kTok;
     if (n16 > 0) switch (w.type) {
             case GGML_Q4_0: matmul_typed<GGML_Q4_0>(w, r0, r1, x, n16, y, ldy); break;
@@ -205,22 +206,8 @@ void matmul_int8_amx(const PackedWeights& w, int64_t r0, int64_t r1, const Quant
         }
     if (n16 < n) {  // the last n % 16 tokens: their columns of QuantAct start n16 tokens in
         const QuantAct rest{x.q + size_t(n16) * QK, x.d + n16, x.c + n16, x.ds + n16, x.cols, x.ld};
-        avx512.matmul_int8(w, r0, r1, rest, n - n16, y + n16 * ldy, ldy);
+        kernels_avx512()->matmul_int8(w, r0, r1, rest, n - n16, y + n16 * ldy, ldy);
     }
-}
-
-Kernels amx_table() {
-    Kernels t = *kernels_avx512();
-    t.name = "amx";
-    t.matmul_int8 = matmul_int8_amx;
-    return t;
-}
-
-}  // namespace
-
-const Kernels* kernels_amx() {
-    static const Kernels k = amx_table();
-    return &k;
 }
 
 }  // namespace zen5
