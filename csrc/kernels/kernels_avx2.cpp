@@ -317,9 +317,15 @@ void matmul_int8_typed(const PackedWeights& w, int64_t r0, int64_t r1, const Qua
         // decode and small batches: a group (two octets) per pass, so each weight line is read
         // once per token tile; decode takes two groups (four octets) per pass, two weight streams
         // in flight: on the Xeon with this tier forced, 1.7B random Llama tg32 at 1/2 threads,
-        // Q4_0 13.3/24.9 -> 15.1/26.0 tok/s, Q8_0 7.85/14.0 -> 8.86/15.8 (not measured on a Zen 3)
+        // Q4_0 13.3/24.9 -> 15.1/26.0 tok/s, Q8_0 7.85/14.0 -> 8.86/15.8. On AMD, rows of up to
+        // 4096 columns stay one group per pass, one sequential stream (the AVX-512 tier's
+        // decode_in_pairs says why): on a Zen 4 with this tier forced, 1 thread, GEMVs over 1.5 GB
+        // (GB/s, two groups -> one) 2048 x 2048 Q4_0 16.9 -> 24.6, Q4_1 18.6 -> 26.0, Q8_0 22.2
+        // -> 24.3; 4096 x 4096 Q4_0 19.6 -> 24.0, Q4_1 20.9 -> 20.7, Q8_0 24.8 -> 24.0; longer
+        // rows were mixed (2048 x 8192 Q8_0 27.2 -> 24.5) or slower (4096 x 14336 Q4_1 24.1 ->
+        // 18.7). Not measured on a Zen 3.
         int64_t k = k_begin;
-        if (n == 1)
+        if (n == 1 && !(nb <= 128 && cpu_is_amd()))
             for (; k + 4 <= k_end; k += 4) octet_tile<TYPE, 4, 1>(w, k, x, 0, y, ldy, k + 4 == k_end ? last : 8, 0, nb, nullptr, n);
         for (; k + 2 <= k_end; k += 2) {
             const int lr = k + 2 == k_end ? last : 8;
