@@ -42,9 +42,20 @@ constexpr size_t blk_bytes(int t) { return t == GGML_Q4_0 ? 18 : t == GGML_Q4_1 
 // Flash's 6 of 256; a prompt-lookup verification) runs as one token tile per row group, so its
 // weights stream from memory once, paced by the tile's arithmetic, like decode's: it fetches
 // kDecodePrefetchBlocks ahead too (group_tiles_one_pass).
-constexpr int kPrefetchBlocks = 32, kDecodePrefetchBlocks = 8, kOnePassTokens = 16;
-int prefetch_blocks(int type, int n) {
+// Q4 decode on AMD fetches into L1 instead (T0), kAmdQ4DecodeBlocks ahead shared among the
+// streams: 16 blocks with one group per pass, 8 per group with two (decode_in_pairs). On a Zen 4,
+// 1 thread, GEMVs from DRAM (GB/s, 8 blocks into L2 -> this): 2048 x 2048 Q4_0 26.2 -> 30.3,
+// 2048 x 8192 Q4_0 24.0 -> 30.1, Q4_1 26.9 -> 29.8, 4096 x 4096 Q4_1 27.6 -> 29.9; with pairs,
+// 4096 x 14336 Q4_0 22.7 -> 28.5, Q4_1 24.5 -> 28.5 (16 per group there: 27.0, 26.9). Q8_0 (no
+// prefetch on AMD, above) lost 10-20% with any T0 prefetch, and MXFP4 gained nothing.
+constexpr int kPrefetchBlocks = 32, kDecodePrefetchBlocks = 8, kOnePassTokens = 16, kAmdQ4DecodeBlocks = 16;
+bool amd_q4_decode(int type, int n) {
     static const bool amd = cpu_is_amd();
+    return amd && n == 1 && (type == GGML_Q4_0 || type == GGML_Q4_1);
+}
+int prefetch_blocks(int type, int n, int groups) {
+    static const bool amd = cpu_is_amd();
+    if (amd_q4_decode(type, n)) return kAmdQ4DecodeBlocks / groups;
     return type == GGML_Q8_0 && amd ? 0 : n <= kOnePassTokens ? kDecodePrefetchBlocks : kPrefetchBlocks;
 }
 
@@ -890,14 +901,17 @@ void group_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, fl
     const int32_t* xc = x.c + b0 * x.ld + t0;
     const float* xds = x.ds + b0 * x.ld + t0;
     const int64_t qstep = x.ld * QK, gstep = w.blocks * w.block_bytes, sstep = w.blocks * w.scale_bytes;
-    const int pf = prefetch_blocks(TYPE, np);
+    const int pf = prefetch_blocks(TYPE, np, G);
+    const bool l1 = amd_q4_decode(TYPE, np);
     for (int64_t b = b0; b < b1; ++b, xq += qstep, xd += x.ld, xc += x.ld, xds += x.ld) {
         const uint8_t* blk = w.at(g, b);
         const uint8_t* sc = w.scale_at(g, b);
         if (t0 == 0 && pf)  // the first token tile streams the weights (see kPrefetchBlocks); later ones find them in L1
             for (int h = 0; h < G; ++h) {
                 const char* ahead = (const char*)blk + h * gstep + pf * w.block_bytes;
-                for (size_t o = 0; o < w.block_bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T1);
+                for (size_t o = 0; o < w.block_bytes; o += 64)
+                    if (l1) _mm_prefetch(ahead + o, _MM_HINT_T0);
+                    else _mm_prefetch(ahead + o, _MM_HINT_T1);
                 _mm_prefetch((const char*)sc + h * sstep + pf * w.scale_bytes, _MM_HINT_T1);
             }
         // j outer, tokens inner: consecutive vpdpbusd belong to different tokens' chains, so the
