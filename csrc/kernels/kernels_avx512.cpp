@@ -49,14 +49,11 @@ constexpr size_t blk_bytes(int t) { return t == GGML_Q4_0 ? 18 : t == GGML_Q4_1 
 // 4096 x 14336 Q4_0 22.7 -> 28.5, Q4_1 24.5 -> 28.5 (16 per group there: 27.0, 26.9). Q8_0 (no
 // prefetch on AMD, above) lost 10-20% with any T0 prefetch, and MXFP4 gained nothing.
 constexpr int kPrefetchBlocks = 32, kDecodePrefetchBlocks = 8, kOnePassTokens = 16, kAmdQ4DecodeBlocks = 16;
-bool amd_q4_decode(int type, int n) {
-    static const bool amd = cpu_is_amd();
-    return amd && n == 1 && (type == GGML_Q4_0 || type == GGML_Q4_1);
-}
+constexpr bool is_q4(int t) { return t == GGML_Q4_0 || t == GGML_Q4_1; }
+bool amd_q4_decode(int type, int n) { return n == 1 && is_q4(type) && cpu_is_amd(); }
 int prefetch_blocks(int type, int n, int groups) {
-    static const bool amd = cpu_is_amd();
     if (amd_q4_decode(type, n)) return kAmdQ4DecodeBlocks / groups;
-    return type == GGML_Q8_0 && amd ? 0 : n <= kOnePassTokens ? kDecodePrefetchBlocks : kPrefetchBlocks;
+    return type == GGML_Q8_0 && cpu_is_amd() ? 0 : n <= kOnePassTokens ? kDecodePrefetchBlocks : kPrefetchBlocks;
 }
 
 // Decode on AMD reads one 16-row group per pass where a group's rows are short. A group's blocks
@@ -72,10 +69,7 @@ int prefetch_blocks(int type, int n, int groups) {
 // keep more misses in flight), and so does the Xeon, where pairs were faster (see above). A
 // batch of 2-6 tokens keeps the pairs too: each broadcast then feeds two groups (4 tokens, 2048 x
 // 2048: 17.8 GB/s with pairs, 16.5 without).
-bool decode_in_pairs(int type, int64_t blocks) {
-    static const bool amd = cpu_is_amd();
-    return !amd || ((type == GGML_Q4_0 || type == GGML_Q4_1) && blocks > 256);
-}
+bool decode_in_pairs(int type, int64_t blocks) { return (is_q4(type) && blocks > 256) || !cpu_is_amd(); }
 
 inline __mmask16 tail_mask(int64_t left) {
     return left >= 16 ? __mmask16(0xFFFF) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
