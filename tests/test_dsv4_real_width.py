@@ -46,10 +46,15 @@ def dirs(tmp_path_factory):
     return packed, twin
 
 
-def run(path):
-    e = Engine(load_deepseek_v4_dir(path, require_tokenizer=False), threads=2, n_ctx=256, qat=False,
+def run(path, threads=2):
+    e = Engine(load_deepseek_v4_dir(path, require_tokenizer=False), threads=threads, n_ctx=256, qat=False,
                weight_cache="off")
     return e, np.asarray(e.native_ctx.eval(TOKENS, True)).copy()
+
+
+@pytest.fixture(scope="module")
+def packed_logits(dirs):
+    return run(dirs[0])
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +62,8 @@ def twin_logits(dirs):
     return run(dirs[1])
 
 
-def test_real_width_packed_model_matches_its_twin(dirs, twin_logits):
-    ep, lp = run(dirs[0])
+def test_real_width_packed_model_matches_its_twin(packed_logits, twin_logits):
+    ep, lp = packed_logits
     et, lt = twin_logits
     # FP8 as Q8_0 (1.06 bytes) and MXFP4 (0.53) instead of BF16 (2): the weights about halve (the
     # arena, plus the routed experts packed on first use)
@@ -83,3 +88,16 @@ def test_real_width_twin_matches_transformers(dirs, twin_logits):
           f"relative median {np.median(diff / scale):.2e}; argmax equal at {agree:.1%}")
     assert np.all(diff <= 1e-3 * scale), np.nonzero(diff > 1e-3 * scale)[0][:10]
     assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
+
+
+def test_real_width_decode_gives_the_prefill_bits(dirs, packed_logits):
+    """Decode splits each token's 64 heads into groups, one task per thread, and gathers the
+    token's rows in pieces across the threads (V4Context::attention); the 160-token prefill runs
+    whole tokens. Token by token at 3 threads (groups of 22, 22 and 20 heads; the rows in 3
+    pieces) must give the prefill's logits bit for bit, before and past the 128-row window and
+    the indexer's top-8."""
+    _, want = packed_logits
+    e = Engine(load_deepseek_v4_dir(dirs[0], require_tokenizer=False), threads=3, n_ctx=256, qat=False,
+               weight_cache="off")
+    got = np.stack([np.asarray(e.native_ctx.eval([t], True))[-1] for t in TOKENS])
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), np.nonzero((got != want).any(axis=1))[0][:10]
