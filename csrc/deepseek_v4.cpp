@@ -54,7 +54,7 @@ V4Context::V4Context(std::shared_ptr<const V4Model> model, int n_ctx, const Kern
         const int r = c.ratios[l];
         s.raw.assign(size_t(n_ctx_) * c.head_dim, 0.0f);
         if (r) s.comp.assign(size_t(n_ctx_ / r + 1) * c.head_dim, 0.0f);
-        if (r == 4) s.idx.assign(size_t(n_ctx_ / 4 + 1) * c.index_dim, 0.0f);
+        if (r == 4) s.idx.assign(size_t((n_ctx_ / 4 + kKeyTile) / kKeyTile * kKeyTile) * c.index_dim, 0.0f);
     }
     tokens_.assign(n_ctx_, 0);
     logits_.assign(c.vocab, 0.0f);
@@ -219,18 +219,6 @@ void V4Context::rewind(int n, const float* last_logits) {
 
 // ---- the forward pass -----------------------------------------------------------------------
 
-namespace {
-// rows holds n rows of `width` floats (at least): zero-pads them to whole key tiles and writes
-// those tiles (kernels.h kKeyTile), the layout the tiers' attn_scores reads.
-void tile_rows(std::vector<float>& rows, int n, int width, std::vector<float>& tiles) {
-    const int padded = (n + kKeyTile - 1) / kKeyTile * kKeyTile;
-    rows.resize(size_t(padded) * width);
-    std::fill(rows.begin() + size_t(n) * width, rows.end(), 0.0f);
-    tiles.resize(rows.size());
-    copy_key_tiles(tiles.data(), rows.data(), padded, width, false);
-}
-}  // namespace
-
 void V4Context::matmuls(const std::vector<MatJob>& jobs) {
     // FP8 (re-quantized to Q8_0 at load) and MXFP4 weights take the int8 path: the activations to
     // int8 per 32 (QuantAct, as the llama decoder's; once per distinct input), then the tier's
@@ -386,9 +374,8 @@ void V4Context::compress(int l, const V4Compressor& cp, bool indexer, int n, con
     const int r = indexer ? 4 : c.ratios[l], W = cp.width, hd = cp.head;
     std::vector<float>& kvs = indexer ? s.ikv : s.ckv;
     std::vector<float>& gs = indexer ? s.igate : s.cgate;
-    std::vector<float>& rows = indexer ? s.idx : s.comp;
     const int base = s.base;
-    std::vector<float> row(hd), wts(2 * r);
+    std::vector<float> row(hd), wts(2 * r), out(indexer ? hd : 0);
     for (int t = 0; t < n; ++t) {
         const int p = n_past_ + t;
         float* g = gate + size_t(t) * W;
@@ -419,7 +406,7 @@ void V4Context::compress(int l, const V4Compressor& cp, bool indexer, int n, con
             }
             row[ch] = acc;
         }
-        float* dst = rows.data() + size_t(w) * hd;
+        float* dst = indexer ? out.data() : s.comp.data() + size_t(w) * hd;
         k_.rmsnorm(row.data(), cp.norm, hd, c.rms_eps, dst);
         rope(dst, hd, model_->freq_compress.data(), start, false);
         if (qat_) {
@@ -430,6 +417,8 @@ void V4Context::compress(int l, const V4Compressor& cp, bool indexer, int n, con
                 v4_fp8_sim(dst, hd - c.rope_dim, 64);
             }
         }
+        if (indexer)
+            for (int ch = 0; ch < hd; ++ch) s.idx[key_tile_index(w, ch, hd)] = dst[ch];
         if (r == 4 && (p + 1) % kBlock == 0) {
             // the inputs of the 4 positions before a block boundary: the overlap a rewind that
             // rebuilds the next block starts from
@@ -515,21 +504,21 @@ void V4Context::attention(int l, int n, const float* x, float* out) {
             for (int si = 0; si < int(scores[t].size()); si += kRows) parts.push_back({t, si});
         }
         model_->pool.run(int(parts.size()), [&](int task, int) {
-            // the chunk's rows as key tiles, every head's dot products by the tier's score kernel
+            // every head's dot products with the chunk's rows (key tiles from row s0, a multiple of
+            // kKeyTile) by the tier's score kernel; then per row the heads' weighted sum, in head
+            // order (rows in the inner loop, so it vectorizes)
             const int t = parts[task].first, s0 = parts[task].second;
             const int cnt = std::min(int(scores[t].size()) - s0, kRows);
-            thread_local std::vector<float> rows, tiles, dots;
-            rows.assign(s.idx.begin() + size_t(s0) * id, s.idx.begin() + size_t(s0 + cnt) * id);
-            tile_rows(rows, cnt, id, tiles);
+            thread_local std::vector<float> dots, total;
             dots.resize(size_t(IH) * cnt);
-            k_.attn_scores(iq_.data() + size_t(t) * IH * id, IH, tiles.data(), int64_t(kKeyTile) * id, cnt, id, 1.0f,
-                           dots.data(), cnt);
-            for (int i = 0; i < cnt; ++i) {
-                float total = 0.0f;
-                for (int h = 0; h < IH; ++h)
-                    total += std::max(dots[size_t(h) * cnt + i], 0.0f) * dscale * (iw_[size_t(t) * IH + h] * hscale);
-                scores[t][s0 + i] = {total, s0 + i};
+            k_.attn_scores(iq_.data() + size_t(t) * IH * id, IH, s.idx.data() + size_t(s0) * id, int64_t(kKeyTile) * id,
+                           cnt, id, 1.0f, dots.data(), cnt);
+            total.assign(cnt, 0.0f);
+            for (int h = 0; h < IH; ++h) {
+                const float wh = iw_[size_t(t) * IH + h] * hscale, *d = dots.data() + size_t(h) * cnt;
+                for (int i = 0; i < cnt; ++i) total[i] += std::max(d[i], 0.0f) * dscale * wh;
             }
+            for (int i = 0; i < cnt; ++i) scores[t][s0 + i] = {total[i], s0 + i};
         });
         model_->pool.run(n, [&](int t, int) {
             std::vector<std::pair<float, int>>& sc = scores[t];
@@ -820,7 +809,9 @@ std::string V4Context::snapshot() const {
         put(s.ckv.data() + skip * cw, s.ckv.size() * 4 - skip * cw * 4);
         put(s.cgate.data() + skip * cw, s.cgate.size() * 4 - skip * cw * 4);
         if (r == 4) {
-            put(s.idx.data(), size_t(n / 4) * c.index_dim * 4);
+            std::vector<float> rows(size_t(n / 4) * c.index_dim);  // rows, as in the blob
+            for (size_t i = 0; i < rows.size(); ++i) rows[i] = s.idx[key_tile_index(i / c.index_dim, i % c.index_dim, c.index_dim)];
+            put(rows.data(), rows.size() * 4);
             put(s.ikv.data() + skip * iw, s.ikv.size() * 4 - skip * iw * 4);
             put(s.igate.data() + skip * iw, s.igate.size() * 4 - skip * iw * 4);
             if (A > 0) put(s.edge[A / kBlock].data(), s.edge[A / kBlock].size() * 4);
@@ -886,7 +877,9 @@ void V4Context::restore(const std::string& blob) {
         get_vec(s.ckv, pend * cw), get_vec(s.cgate, pend * cw);
         s.edge.assign(size_t(A / kBlock) + 1, {});
         if (r == 4) {
-            get(s.idx.data(), size_t(n / 4) * c.index_dim * 4);
+            std::vector<float> rows(size_t(n / 4) * c.index_dim);
+            get(rows.data(), rows.size() * 4);
+            for (size_t i = 0; i < rows.size(); ++i) s.idx[key_tile_index(i / c.index_dim, i % c.index_dim, c.index_dim)] = rows[i];
             get_vec(s.ikv, pend * iw), get_vec(s.igate, pend * iw);
             if (A > 0) get_vec(s.edge[A / kBlock], 8 * (cw + iw));
         }

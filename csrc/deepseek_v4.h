@@ -189,7 +189,10 @@ class V4Context {
     struct LayerState {
         std::vector<float> raw;     // (n_ctx, head_dim): every position's KV row
         std::vector<float> comp;    // (n_ctx / ratio, head_dim) compressed rows
-        std::vector<float> idx;     // (n_ctx / 4, index_dim) indexer rows (ratio 4)
+        // (n_ctx / 4, index_dim) indexer rows (ratio 4) as key tiles (kernels.h: row w, channel c
+        // at key_tile_index(w, c, index_dim)), the layout the score kernels read: every decoded
+        // token scores all of them, so they are tiled once, when written, not per token
+        std::vector<float> idx;
         // compressor inputs (kv, gate + ape) of positions [base, n_past): the pending window, for
         // ratio 4 the previous window (its first half overlaps the next row), and every position
         // of the current block so a rewind inside it is a truncation
