@@ -591,7 +591,10 @@ void V4Context::attention(int l, int n, const float* x, float* out) {
         const int t = task / groups, h0 = task % groups * per, nh = std::min(H, h0 + per) - h0;
         thread_local Rows own;
         Rows& g = groups > 1 ? gathered_[t] : own;
-        if (groups == 1) size_rows(t, g), gather(t, g, 0, g.nk);
+        if (groups == 1) {
+            size_rows(t, g);
+            gather(t, g, 0, g.nk);
+        }
         const int nk = g.nk;
         thread_local std::vector<float> sc;
         sc.resize(size_t(nh) * nk);
@@ -809,8 +812,8 @@ std::string V4Context::snapshot() const {
         put(s.ckv.data() + skip * cw, s.ckv.size() * 4 - skip * cw * 4);
         put(s.cgate.data() + skip * cw, s.cgate.size() * 4 - skip * cw * 4);
         if (r == 4) {
-            std::vector<float> rows(size_t(n / 4) * c.index_dim);  // rows, as in the blob
-            for (size_t i = 0; i < rows.size(); ++i) rows[i] = s.idx[key_tile_index(i / c.index_dim, i % c.index_dim, c.index_dim)];
+            std::vector<float> rows(size_t(n / 4) * c.index_dim);  // the blob holds rows (to_rows only reads the tiles)
+            copy_key_tiles(const_cast<float*>(s.idx.data()), rows.data(), n / 4, c.index_dim, true);
             put(rows.data(), rows.size() * 4);
             put(s.ikv.data() + skip * iw, s.ikv.size() * 4 - skip * iw * 4);
             put(s.igate.data() + skip * iw, s.igate.size() * 4 - skip * iw * 4);
@@ -879,7 +882,7 @@ void V4Context::restore(const std::string& blob) {
         if (r == 4) {
             std::vector<float> rows(size_t(n / 4) * c.index_dim);
             get(rows.data(), rows.size() * 4);
-            for (size_t i = 0; i < rows.size(); ++i) s.idx[key_tile_index(i / c.index_dim, i % c.index_dim, c.index_dim)] = rows[i];
+            copy_key_tiles(s.idx.data(), rows.data(), n / 4, c.index_dim, false);
             get_vec(s.ikv, pend * iw), get_vec(s.igate, pend * iw);
             if (A > 0) get_vec(s.edge[A / kBlock], 8 * (cw + iw));
         }

@@ -46,8 +46,8 @@ def dirs(tmp_path_factory):
     return packed, twin
 
 
-def run(path, threads=2):
-    e = Engine(load_deepseek_v4_dir(path, require_tokenizer=False), threads=threads, n_ctx=256, qat=False,
+def run(path):
+    e = Engine(load_deepseek_v4_dir(path, require_tokenizer=False), threads=2, n_ctx=256, qat=False,
                weight_cache="off")
     return e, np.asarray(e.native_ctx.eval(TOKENS, True)).copy()
 
