@@ -29,8 +29,9 @@ Figures:
           the same kernel look 25% better or worse, and above 100% of its roof;
   prefill the stage's matmul operations (2 x multiply-adds, from the config; attention scores
           and softmax not counted, so a lower bound) over its time, as a fraction of the tier's
-          int8 peak measured in the same run: probed before and after the thread count's work,
-          the higher kept (one probe in a slow second read 190 GOP/s where others read 320).
+          int8 peak (amx: the tile unit's TDPBSSD, not vpdpbusd) measured in the same run: probed
+          before and after the thread count's work, the higher kept (one probe in a slow second
+          read 190 GOP/s where others read 320).
 Projection (printed and written to <cpu>-dsv4-projection.md): the full V4 Flash (43 layers: 2
 window-only, 21 ratio-4, 20 ratio-128 by its compress_ratios) as the sum of the measured stages,
 for this machine and for a named Zen 5 EPYC, with every assumption stated.
@@ -484,6 +485,11 @@ def projection(run_id: str, rows: list[dict], depths: list[int], results: dict |
              "synchronisation, NUMA placement, and whether 160 GB of weights stream like the bench "
              "model's 12 GB. This machine cannot hold the real model (about 160 GB); its line is what "
              "the measured speed gives if it could.", "",
+             *([] if not any(r.get("isa") == "amx" for r in by.values()) else [
+                 "Prefill ran here on the amx tier: its int8 products on AMX tiles, its fraction of the "
+                 "tile unit's TDPBSSD peak. Zen 5 has no AMX, so that fraction says nothing about it and no "
+                 "prefill is projected there; `python -m zen5 bench --deepseek-v4 --isa avx512` measures "
+                 "the tier Zen 5 runs. Decode runs the same AVX-512 kernels on both tiers.", ""]),
              "| threads | depth | test | bytes or ops / token | this machine | fraction of its roof | "
              "projected on the named Zen 5 |", "|---|---|---|---|---|---|---|"]
     for t in sorted({r["threads"] for r in rows}):
@@ -513,10 +519,11 @@ def projection(run_id: str, rows: list[dict], depths: list[int], results: dict |
                     ops = 2.0 * flash["vocab_size"] * flash["hidden_size"] / PREFILL + sum(
                         count[r] * sum(matmul_ops(flash, r)) for r in KINDS)
                     frac = ops / secs / 1e9 / stage("rest")["int8_gops"]
-                    there = frac * z_int8 * 1e9 / ops
+                    there = None if stage("rest").get("isa") == "amx" else frac * z_int8 * 1e9 / ops
                     amount = f"{ops / 1e9:.1f} GOP"
+                there = "- (AMX here)" if there is None else f"{there:.0f} tok/s"
                 lines.append(f"| {t} | {d} | {'decode' if test == 'tg' else 'prefill ' + str(PREFILL)} | {amount} | "
-                             f"{1 / secs:.2f} tok/s | {frac:.1%} | {there:.0f} tok/s |")
+                             f"{1 / secs:.2f} tok/s | {frac:.1%} | {there} |")
     for t, r in sorted((t, r) for t, r in (results or {}).items() if "load_s" in r):
         lines.append(f"\nLoad of the bench model at {t} thread(s): {r['load_s']:.1f} s to a ready engine (weight "
                      f"cache {r['weight_cache']['status']}); its routed experts ({r['expert_bytes'] / 1e9:.1f} GB) are "

@@ -12,8 +12,8 @@ this CPU supports), and the peers are the llama.cpp builds of the same instructi
 PyTorch only for the best tier (it picks its own kernels; it cannot be held to AVX2).
 
 Workload (fixed; see workload.py for the test definitions and the text):
-  roofline  read / triad bandwidth in and beyond the LLC, the tier's int8 peak (vpdpbusd, or
-            vpmaddubsw on AVX2) and fp32 FMA peak, at each thread count, at the start and at the
+  roofline  read / triad bandwidth in and beyond the LLC, the tier's int8 peak (vpdpbusd;
+            amx: TDPBSSD on tiles; AVX2: vpmaddubsw) and fp32 FMA peak, at each thread count, at the start and at the
             end of the run, the higher of each figure kept (roofline.py).
   kernel    SmolLM2-135M-Instruct in Q4_1 (shipped), Q8_0 and BF16 (scripts/convert_gguf.py):
             pp128, pp512, pp2048 and tg128, at 1 and 2 threads.

@@ -34,6 +34,10 @@ QUANT_ORDER = {"Q4_0": -1, "Q4_1": 0, "Q8_0": 1, "BF16": 2}
 SIZE_ORDER = {"1.7b": 0, "8b": 1}
 SIZE_NAMES = {"1.7b": "1.7B (SmolLM2-1.7B shape)", "8b": "8B (Llama-3-8B shape)"}
 TIERS = ("ref", "avx2", "avx2vnni", "avx512", "amx")  # zen5's ISA tiers (bench/peers.py)
+# Runs of the amx tier from before roofline.c measured the tile unit (TDPBSSD) divided its prefill
+# by the vpdpbusd zmm peak, about 1/6.6 of the tile unit's on the Xeon it was added on: their
+# prefill fractions are marked as such, not comparable with later runs' (or a target's).
+AMX_PEAK_SINCE = "2026-12-05T14"
 NOISY = 2.0  # a forced-tier row whose max / min tok/s exceeds this is called out as noisy
 ISA_NAMES = {"amx": "AMX (AVX-512 + AMX int8 prefill)", "avx512": "AVX-512",
              "avx2": "AVX2", "avx2vnni": "AVX2 + AVX-VNNI", "ref": "reference (scalar)"}
@@ -117,10 +121,17 @@ def _table(rows: list[dict], peers: list[tuple[str, str]]) -> list[str]:
     return out
 
 
+def _vnni_amx(r: dict) -> bool:
+    """A row of the amx tier whose int8 roof was the vpdpbusd one (AMX_PEAK_SINCE)."""
+    return r.get("isa") == "amx" and r["run_id"] < AMX_PEAK_SINCE
+
+
 def _int8_name(roof: dict | None) -> str:
     """How the prose names a roofline row's int8 peak: "int8 VNNI" (vpdpbusd, and rows from
     before the tiers), or the AVX2 sequence."""
     insn = (roof or {}).get("int8_insn") or "vpdpbusd"
+    if insn.startswith("tdpbssd"):
+        return "int8 AMX (tdpbssd on full tiles)"
     return "int8 VNNI" if insn.startswith("vpdpbusd") else f"int8 {insn.split()[0]}"
 
 
@@ -131,6 +142,9 @@ def _roof_text(r: dict) -> str:
         text += (f"int8 vpmaddubsw+vpaddw (int16 sums, the Q4 inner loop; the roof above) "
                  f"{float(r['maddubs_i16_gops']):,.0f} GOP/s, vpmaddubsw+vpmaddwd+vpaddd (to int32) "
                  f"{float(r['maddubs_i32_gops']):,.0f} GOP/s, ")
+    elif r.get("amx_int8_gops"):
+        text += (f"int8 AMX tdpbssd (the roof above) {float(r['amx_int8_gops']):,.0f} GOP/s, int8 VNNI "
+                 f"{float(r['vnni_int8_gops']):,.0f} GOP/s, ")
     else:
         text += f"int8 VNNI {float(r.get('vnni_int8_gops') or r['int8_gops']):,.0f} GOP/s, "
     fma = f" ({r['fma_insn'].split()[-1]})" if r.get("fma_insn", "").endswith("ymm") else ""
@@ -214,6 +228,7 @@ def render_real(path: Path, rows: list[dict]) -> str:
            f"parameters per token) over the tier's int8 peak (BF16: the fp32 FMA peak).", ""]
     out += ["| model | weights | threads | test | zen5 | " + " | ".join(lbl for _, lbl in peers) + " | zen5 of roof |",
             "|---|---|---:|---|---:|" + "---:|" * len(peers) + "---:|"]
+    daggers = False
     for r in sorted((r for r in speed if r["engine"] == "zen5"), key=_real_key):
         z = float(r["tps_median"])
         found = [by.get((k, r["model_size"], r["quant"], r["threads"], r["test"])) for k, _ in peers]
@@ -222,10 +237,16 @@ def render_real(path: Path, rows: list[dict]) -> str:
         cells = [bold(float(p["tps_median"]), f"{_fmt(float(p['tps_median']))} ({z / float(p['tps_median']):.2f}x)")
                  if p else "-" for p in found]
         roof = f"{100 * float(r['frac_roof']):.0f}%" if r["frac_roof"] else "-"
+        if _vnni_amx(r) and r["test"].startswith("pp"):
+            roof, daggers = roof + "†", True
         tier_of = f" ({r['isa']})" if len(isas) > 1 else ""  # rows from runs on different tiers
         out.append(f"| {r['model_size'].upper()} | {r['quant']} | {r['threads']} | {r['test']} | "
                    f"{bold(z, _fmt(z))}{tier_of} | "
                    + " | ".join(cells) + f" | {roof} |")
+    if daggers:
+        out += ["", "† prefill of the amx tier over the int8 VNNI (vpdpbusd zmm) peak: recorded before "
+                    "`bench/roofline.c` measured the tile unit, whose TDPBSSD peak is about 6.6x that on "
+                    "this CPU; runs from then on divide by the tile unit's peak."]
     out += ["", "Load (open to first token; zen5: `load_weights` to the first token's logits in a fresh process; "
                 "llama.cpp: starting `llama-bench -p 0 -n 1` to its first result) and resident memory "
                 "(/proc/<pid>/status: VmHWM, the peak during load and the first token; VmRSS after it), "

@@ -2,6 +2,8 @@
  * at a given thread count, for one zen5 ISA tier. Compiled on the fly by bench/roofline.py, once
  * per tier, with only that tier's flags (never -march=native):
  *   avx512    -DROOF_AVX512 -mavx512f -mavx512bw -mavx512vnni: zmm loads, vpdpbusd zmm, vfmadd zmm
+ *   amx       the avx512 flags and -DROOF_AMX -mamx-tile -mamx-int8: the avx512 roofs, and TDPBSSD on
+ *             tiles (the amx tier's int8 products run on the tile unit: its int8 roof is this one)
  *   avx2vnni  -DROOF_AVX2VNNI -mavx2 -mfma -mavxvnni: ymm loads, vpdpbusd ymm (VEX), vfmadd ymm
  *   avx2      -DROOF_AVX2 -mavx2 -mfma: ymm loads, vfmadd ymm, and two int8 sequences:
  *             vpmaddubsw+vpaddw (int16 sums: zen5's Q4 inner loop; the int8 roof of this tier)
@@ -41,7 +43,11 @@
 #include <time.h>
 
 #if defined(ROOF_AVX512)
+#if defined(ROOF_AMX)
+#define TIER "amx"
+#else
 #define TIER "avx512"
+#endif
 typedef __m512 vf;
 #define VF_W 16
 #define vf_zero _mm512_setzero_ps
@@ -178,6 +184,49 @@ static void vnni_pass(int threads) {
     }
 }
 #define INT8_OPS 128
+#if defined(ROOF_AMX)
+#include <sys/syscall.h>
+#include <unistd.h>
+/* Linux keeps a process out of the tile data state until it asks (arch_prctl ARCH_REQ_XCOMP_PERM,
+ * XFEATURE_XTILEDATA); without it the first tile instruction faults. */
+static int amx_permitted(void) { return syscall(SYS_arch_prctl, 0x1023, 18) == 0; }
+
+/* Palette 1, all eight tiles 16 rows x 64 bytes: tmm0..3 int32 accumulators, tmm4/5 A, tmm6/7 B. */
+struct tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* Four independent TDPBSSD chains of full tiles, 16 x 16 x 64 int8 MACs = 32,768 ops each: a
+ * TDP takes 16 cycles on the tile unit, so four accumulators in flight keep it busy. A pass
+ * runs ITERS / 16 TDPs (about as long as a vpdpbusd pass), so a step is counted as
+ * AMX_STEP_OPS = 32,768 / 16 ops. */
+#define AMX_STEP_OPS (2.0 * 16 * 16 * 64 / 16)
+static void amx_pass(int threads) {
+#pragma omp parallel num_threads(threads)
+    {
+        static __thread struct tile_config cfg __attribute__((aligned(64)));
+        static __thread int8_t ab[2][1024] __attribute__((aligned(64)));
+        static __thread int32_t c[256] __attribute__((aligned(64)));
+        memset(&cfg, 0, sizeof cfg);
+        cfg.palette = 1;
+        for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
+        memset(ab, 1 + omp_get_thread_num(), sizeof ab);
+        _tile_loadconfig(&cfg);
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        _tile_loadd(4, ab[0], 64); _tile_loadd(5, ab[1], 64);
+        _tile_loadd(6, ab[1], 64); _tile_loadd(7, ab[0], 64);
+        for (long i = 0; i < ITERS / 64; i++) {
+            _tile_dpbssd(0, 4, 6); _tile_dpbssd(1, 4, 7);
+            _tile_dpbssd(2, 5, 6); _tile_dpbssd(3, 5, 7);
+        }
+        _tile_stored(0, c, 64);
+        sink_i = c[0];
+        _tile_release();
+    }
+}
+#endif
 #elif defined(ROOF_AVX2VNNI)
 static void vnni_pass(int threads) {
 #pragma omp parallel num_threads(threads)
@@ -299,6 +348,12 @@ int main(int argc, char** argv) {
     double int8 = peak(vnni_pass, threads, CHAINS, INT8_OPS);
     printf("\"vnni_int8_gops\": %.1f, ", int8);
     const char* int8_insn = VF_W == 16 ? "vpdpbusd zmm" : "vpdpbusd ymm (VEX)";
+#if defined(ROOF_AMX)
+    if (!amx_permitted()) { fprintf(stderr, "roofline: the OS refused the AMX tile state (arch_prctl)\n"); return 1; }
+    int8 = peak(amx_pass, threads, 1, AMX_STEP_OPS);
+    printf("\"amx_int8_gops\": %.1f, ", int8);
+    int8_insn = "tdpbssd (AMX tiles)";
+#endif
 #else
     double int8 = peak(maddubs_i16_pass, threads, I8_CHAINS, INT8_OPS), i32 = peak(maddubs_i32_pass, threads, I8_CHAINS, INT8_OPS);
     printf("\"maddubs_i16_gops\": %.1f, \"maddubs_i32_gops\": %.1f, ", int8, i32);

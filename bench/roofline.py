@@ -7,6 +7,8 @@ and runs it (the harness at the start and at the end of a run, keeping the highe
 set inside the last-level cache share this VM gets (48 MiB: larger than the L2s, smaller than the
 L3 a guest here sees) and one far beyond it (1 GiB, so from DRAM), and the int8 and fp32 FMA peaks
 of the instructions the tier's kernels use:
+  amx       int8: tdpbssd on full 16 x 64-byte tiles (AMX), the unit its prefill products run
+            on ("amx_int8_gops"; vpdpbusd zmm beside it); fp32: vfmadd231ps zmm
   avx512    int8: vpdpbusd zmm (VNNI);            fp32: vfmadd231ps zmm
   avx2vnni  int8: vpdpbusd ymm (AVX-VNNI, VEX);   fp32: vfmadd231ps ymm
   avx2      int8: vpmaddubsw+vpaddw ymm, the int16-accumulating inner loop of zen5's Q4 kernels
@@ -14,7 +16,9 @@ of the instructions the tier's kernels use:
             the full int8 -> int32 dot product ("maddubs_i32_gops", recorded, not divided by);
             fp32: vfmadd231ps ymm
 Every tier's row has "tier", "int8_gops" (the int8 roof), "int8_insn", "fma_fp32_gflops" and
-"fma_insn"; avx512 / avx2vnni rows also "vnni_int8_gops" (older results have only that one).
+"fma_insn"; amx / avx512 / avx2vnni rows also "vnni_int8_gops" (older results have only that
+one). Rows of the amx tier recorded before 2026-12-05 15:00 UTC have no "amx_int8_gops": their
+int8 roof was the vpdpbusd one, and their prefill fractions of it could pass 100%.
 The C helper exists because numpy cannot issue wide loads with enough independent accumulators
 to reach the roof, nor VNNI at all.
 
@@ -43,9 +47,11 @@ DRAM_BYTES = 1 << 30
 
 # Each tier's compile flags: that tier's instructions only. The amx tier is the avx512 table with
 # the int8 prefill's products on AMX tiles (csrc/kernels/kernels_amx.cpp): its roofs are the
-# AVX-512 ones, so its prefill fractions are of the vpdpbusd peak and can pass 100%.
-TIER_FLAGS = {"avx512": ("-DROOF_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vnni"),
-              "amx": ("-DROOF_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vnni"),
+# AVX-512 ones except the int8 peak, which is TDPBSSD's on full tiles (the vpdpbusd one is kept
+# beside it as vnni_int8_gops).
+AVX512_FLAGS = ("-DROOF_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vnni")
+TIER_FLAGS = {"avx512": AVX512_FLAGS,
+              "amx": AVX512_FLAGS + ("-DROOF_AMX", "-mamx-tile", "-mamx-int8"),
               "avx2vnni": ("-DROOF_AVX2VNNI", "-mavx2", "-mfma", "-mavxvnni"),
               "avx2": ("-DROOF_AVX2", "-mavx2", "-mfma")}
 

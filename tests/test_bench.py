@@ -346,6 +346,31 @@ def test_prefill_roof_uses_the_tier_int8_peak():
         roofline._binary("ref")
 
 
+def test_report_names_the_amx_tile_peak():
+    roof = {"threads": "1", "read_llc_gbps": "35.5", "read_dram_gbps": "18.9", "vnni_int8_gops": "995.3",
+            "amx_int8_gops": "6715.2", "fma_fp32_gflops": "249.5", "int8_gops": "6715.2",
+            "int8_insn": "tdpbssd (AMX tiles)", "fma_insn": "vfmadd231ps zmm"}
+    assert report._int8_name(roof) == "int8 AMX (tdpbssd on full tiles)"
+    assert report._roof_text(roof) == ("1 thread(s): read 35.5 GB/s in LLC, 18.9 GB/s from DRAM, int8 AMX tdpbssd "
+                                       "(the roof above) 6,715 GOP/s, int8 VNNI 995 GOP/s, fp32 FMA 250 GFLOP/s")
+    old = dict(roof, amx_int8_gops="", int8_gops="995.3", int8_insn="vpdpbusd zmm")  # amx runs before the probe
+    assert report._int8_name(old) == "int8 VNNI" and "int8 VNNI 995 GOP/s" in report._roof_text(old)
+
+
+def test_the_amx_roof_is_the_tile_units_peak():
+    """Measured, where this CPU runs the amx tier: the int8 roof is TDPBSSD's on full tiles (8x
+    vpdpbusd zmm's MACs per cycle on Sapphire Rapids: well above it, whatever the VM's noise),
+    the vpdpbusd peak beside it, and the other roofs those of AVX-512."""
+    from zen5 import _native
+    if not dict(_native.isa_tiers()).get("amx") == "":
+        pytest.skip("this CPU / OS does not run the amx tier")
+    import roofline
+    roof = roofline.measure(1, "amx")
+    assert roof["tier"] == "amx" and roof["int8_insn"].startswith("tdpbssd")
+    assert roof["int8_gops"] == roof["amx_int8_gops"] > 3 * roof["vnni_int8_gops"] > 0
+    assert roof["fma_insn"] == "vfmadd231ps zmm" and roof["read_dram_gbps"] > 0
+
+
 def test_append_csv_widens_an_older_header(tmp_path):
     path = tmp_path / "x-roofline.csv"
     harness.append_csv(path, ("run_id", "threads", "vnni_int8_gops"), [dict(run_id="a", threads=1, vnni_int8_gops=9)])

@@ -244,3 +244,23 @@ def test_the_llama_peer_is_the_first_of_the_tiers_builds_that_is_there(tmp_path,
     assert any("llama.cpp-avx512 skipped" in m for m in logged)
     exe.unlink()  # neither built: no peer, and the run goes on without one
     assert run.llama(model, "amx") is None
+
+
+def test_prefill_on_amx_tiles_is_not_projected_onto_zen5():
+    """The amx tier's prefill is a fraction of the tile unit's peak, which Zen 5 lacks: its line
+    says so instead of scaling that fraction by Zen 5's vpdpbusd peak; decode is projected."""
+    secs = {"rest": 0.01, "attn_r0": 0.001, "ffn_r0": 0.002, "attn_r4": 0.003, "ffn_r4": 0.002, "attn_r128": 0.001,
+            "ffn_r128": 0.002}
+
+    def rows(isa):
+        base = {"engine": "zen5", "isa": isa, "threads": 1, "depth": 0, "read_dram_gbps": 20.0, "int8_gops": 6000.0}
+        return [dict(base, test=test, stage=s, seconds_per_token=str(v), bytes_per_token=10**7)
+                for test in ("tg", "pp512") for s, v in secs.items()]
+
+    amx, avx512 = dsv4_bench.projection("run", rows("amx"), [0]), dsv4_bench.projection("run", rows("avx512"), [0])
+    pp = lambda text: next(line for line in text.splitlines() if "| prefill 512 |" in line)  # noqa: E731
+    tg = lambda text: next(line for line in text.splitlines() if "| decode |" in line)  # noqa: E731
+    assert pp(amx).endswith("| - (AMX here) |") and pp(avx512).endswith(" tok/s |")
+    assert pp(amx).rsplit("|", 2)[0] == pp(avx512).rsplit("|", 2)[0]  # the same figures for this machine
+    assert tg(amx) == tg(avx512)
+    assert "Zen 5 has no AMX" in amx and "--isa avx512" in amx and "AMX" not in avx512
