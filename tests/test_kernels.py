@@ -540,12 +540,13 @@ def _mxfp4_weights(rows: int, cols: int, rng) -> tuple[np.ndarray, np.ndarray]:
 def test_amx_tiles_give_the_avx512_bits(kind):
     """The AMX tier's prefill computes the integer sums of whole 16-token tiles on the tile unit
     and applies the same float steps as the AVX-512 tile, so it gives the AVX-512 tier's bits for
-    every token count: whole tiles (16, 32), tiles plus AVX-512's rest (17, 45), one span of
-    blocks or several (4,096 and 14,336 columns at 200 tokens), and groups cut short (rows % 16).
+    every token count: whole tiles (32, 48), tiles plus AVX-512's rest (33, 45), batches under 32
+    tokens that run the AVX-512 kernel whole (16, 17), one span of blocks or several (4,096 and
+    14,336 columns at 200 tokens), and groups cut short (rows % 16).
     The reference check (within 1e-5 of the numpy emulation) covers the tiles again through
-    test_matmul_int8's 16 and 17 tokens."""
+    test_matmul_int8_column_spans' 403 tokens."""
     rng = np.random.default_rng(list(kind.encode()))
-    for rows, cols, counts in ((48, 128, (16, 17, 32, 45)), (37, 4096, (16, 200)), (20, 14336, (200,))):
+    for rows, cols, counts in ((48, 128, (16, 17, 32, 33, 45, 48)), (37, 4096, (16, 200)), (20, 14336, (200,))):
         if kind == "MXFP4":
             w, scales = _mxfp4_weights(rows, cols, rng)
             type_id = 1001

@@ -22,7 +22,11 @@
 // kernel. On the Xeon this was written on, 1 thread, 256 tokens, 14336 x 4096 / 4096 x 14336:
 // Q4_0 351 / 350 -> 409 / 478 GOP/s, Q4_1 ~340 / ~350 -> 341-375 / 367-402, Q8_0 372 / 380 ->
 // 388 / 442; 8B Q4_1 pp512 23.2 -> 25.3-26.1 tok/s. Without the epilog the tiles alone ran at
-// 737-850 GOP/s: the epilog, not the tile unit, is what is left to speed up.
+// 737-850 GOP/s: the epilog, not the tile unit, is what is left to speed up. On the Xeon VM of a
+// later session (vpdpbusd probe 995 GOP/s at 1 thread where that one read 747-868) the gain did
+// not reproduce: 512-token prefills alternated in one process, AMX vs AVX-512 tok/s, 1.7B Q4_0
+// 115 / 114 (1 thread), 209 / 213 (2), Q4_1 104 / 105, Q8_0 106 / 117 and 216 / 233; 8B Q8_0
+// 27.6 / 28.2. Both give the same bits, so which is faster is a question of the host only.
 #include <immintrin.h>
 
 #include "kernels.h"
@@ -32,6 +36,15 @@ namespace zen5 {
 namespace {
 
 constexpr int kTok = 16;             // tokens per tile: A and C rows
+// Batches under kMinTokens tokens run the AVX-512 kernel whole. With one 16-token tile and the
+// rest on AVX-512, the weights streamed twice (once into the B images, again for the rest), and a
+// lone tile's unpacking and tile stores outweighed the vpdpbusd it saved. In-process alternation on
+// the Xeon, 1 thread: 1.7B Q4_0 prefill of 16 tokens 80 -> 121 tok/s, 24: 88 -> 107, 31: 91 ->
+// 102; V4 Flash's MoE halves in a 512-token prefill (~12 tokens per expert, the busiest ~20)
+// 1.30 -> 1.18 ms per token at 1 thread, 0.82 -> 0.74 at 2. Short tiles of 8-15 tokens on AMX
+// (tile rows = tokens) made those MoE halves slower still (1.30 -> 1.67). From 32 tokens on, the
+// two kernels were within a few percent of each other there (48-512 tokens).
+constexpr int kMinTokens = 32;
 constexpr size_t kBTile = 8 * 64;    // one block's B image: 8 rows (4 columns each) x 16 rows' 4 bytes
 
 // GCC's tile intrinsics are asm statements that name the tile registers by literal number, and
@@ -201,6 +214,7 @@ void matmul_typed(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct
 
 void matmul_int8_amx(const PackedWeights& w, int64_t r0, int64_t r1, const QuantAct& x, int n, float* y,
                      int64_t ldy) {
+    if (n < kMinTokens) return kernels_avx512()->matmul_int8(w, r0, r1, x, n, y, ldy);
     const int n16 = n / kTok * kTok;
     if (n16 > 0) switch (w.type) {
             case GGML_Q4_0: matmul_typed<GGML_Q4_0>(w, r0, r1, x, n16, y, ldy); break;
