@@ -156,17 +156,34 @@ def _roofs(results: Path, stem: str, run_id: str) -> list[dict]:
     return [r for r in _read(roof_path) if r["run_id"] == run_id] if roof_path.exists() else []
 
 
+def _dsv4_order(path: Path) -> tuple[str, str]:
+    """Per CPU, the best tier's projection first, then the forced tiers'."""
+    return split_stem(Path(path.name.replace("-dsv4-projection.md", "-bench.csv")))
+
+
 def render_dsv4(path: Path) -> str:
     """A `<stem>-dsv4-projection.md` (written by `python -m zen5 bench --deepseek-v4`), its title
     a subsection here."""
     text = path.read_text().strip()
+    # the tier it ran on, from the run's rows in the CSV beside it (a forced one's file is
+    # `<cpu>-<tier>-dsv4-projection.md`, beside the best tier's)
+    stem = path.name[:-len("-projection.md")]
+    _, forced = split_stem(Path(stem[:-len("-dsv4")] + "-bench.csv"))
+    run = re.match(r"# .*\(run (\S+),", text)
+    csv_path = path.with_name(stem + ".csv")
+    isa = next((r["isa"] for r in (_read(csv_path) if run and csv_path.exists() else [])
+                if r["run_id"] == run[1] and r["engine"] == "zen5"), "")
+    if isa:
+        title, _, rest = text.partition("\n")
+        text = (f"{title[:-1]}, {ISA_NAMES.get(isa, isa)} tier"
+                + (f", forced: `--isa {forced}`" if forced else "") + f")\n{rest}")
     return "### " + text[2:] if text.startswith("# ") else text
 
 
 def render(results: Path) -> str:
     tiers = tier_runs(results)
     real = [render_real(p, r) for p, r in real_runs(results)]
-    real += [render_dsv4(p) for p in sorted(results.glob("*-dsv4-projection.md"))]
+    real += [render_dsv4(p) for p in sorted(results.glob("*-dsv4-projection.md"), key=_dsv4_order)]
     try:
         best = [render_best(results, p, r) for p, r in latest_runs(results)]
     except FileNotFoundError:

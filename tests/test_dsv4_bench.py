@@ -4,6 +4,7 @@ real-structure checkpoint (the engine's stage clocks and byte accounting through
 The timings themselves are recorded runs (bench/results/<cpu>-dsv4.csv), not tests."""
 from __future__ import annotations
 
+import csv
 import json
 import sys
 from pathlib import Path
@@ -264,3 +265,25 @@ def test_prefill_on_amx_tiles_is_not_projected_onto_zen5():
     assert pp(amx).rsplit("|", 2)[0] == pp(avx512).rsplit("|", 2)[0]  # the same figures for this machine
     assert tg(amx) == tg(avx512)
     assert "Zen 5 has no AMX" in amx and "--isa avx512" in amx and "AMX" not in avx512
+
+
+def test_the_report_names_each_projections_tier_best_first(tmp_path):
+    """report.py renders every `<cpu>[-<tier>]-dsv4-projection.md`: its title gains the tier the
+    run's rows in the CSV beside it name (and the `--isa` that forced it), the CPU's best tier's
+    before a forced one's."""
+    report = load_file(ROOT / "bench" / "report.py", "bench_report_dsv4_under_test")
+    for stem, run, isa in (("Test_CPU-avx512", "2026-12-05T13:17:39", "avx512"),
+                           ("Test_CPU", "2026-12-05T13:58:21", "amx")):
+        (tmp_path / f"{stem}-dsv4-projection.md").write_text(
+            f"# DeepSeek V4 Flash projected from its real-width layers (run {run}, Test_CPU)\n\nbody {isa}\n")
+        with open(tmp_path / f"{stem}-dsv4.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, dsv4_bench.COLUMNS)
+            w.writeheader()
+            w.writerow({c: "" for c in dsv4_bench.COLUMNS} | dict(run_id="older", engine="zen5", isa="ref"))
+            w.writerow({c: "" for c in dsv4_bench.COLUMNS} | dict(run_id=run, engine="zen5", isa=isa))
+    text = report.render(tmp_path)
+    best = ("### DeepSeek V4 Flash projected from its real-width layers (run 2026-12-05T13:58:21, Test_CPU, "
+            "AMX (AVX-512 + AMX int8 prefill) tier)\n\nbody amx")
+    forced = ("### DeepSeek V4 Flash projected from its real-width layers (run 2026-12-05T13:17:39, Test_CPU, "
+              "AVX-512 tier, forced: `--isa avx512`)\n\nbody avx512")
+    assert best in text and forced in text and text.index(best) < text.index(forced)
