@@ -200,7 +200,7 @@ struct tile_config {
 
 /* Four independent TDPBSSD chains of full tiles, 16 x 16 x 64 int8 MACs = 32,768 ops each: a
  * TDP takes 16 cycles on the tile unit, so four accumulators in flight keep it busy. A pass
- * runs ITERS / 16 TDPs (about as long as a vpdpbusd pass), so a step is counted as
+ * runs ITERS / 16 TDPs (4M cycles, twice a vpdpbusd pass), so a step is counted as
  * AMX_STEP_OPS = 32,768 / 16 ops. */
 #define AMX_STEP_OPS (2.0 * 16 * 16 * 64 / 16)
 static void amx_pass(int threads) {
