@@ -34,10 +34,6 @@ QUANT_ORDER = {"Q4_0": -1, "Q4_1": 0, "Q8_0": 1, "BF16": 2}
 SIZE_ORDER = {"1.7b": 0, "8b": 1}
 SIZE_NAMES = {"1.7b": "1.7B (SmolLM2-1.7B shape)", "8b": "8B (Llama-3-8B shape)"}
 TIERS = ("ref", "avx2", "avx2vnni", "avx512", "amx")  # zen5's ISA tiers (bench/peers.py)
-# Runs of the amx tier from before roofline.c measured the tile unit (TDPBSSD) divided its prefill
-# by the vpdpbusd zmm peak, about 1/6.6 of the tile unit's on the Xeon it was added on: their
-# prefill fractions are marked as such, not comparable with later runs' (or a target's).
-AMX_PEAK_SINCE = "2026-12-05T14"
 NOISY = 2.0  # a forced-tier row whose max / min tok/s exceeds this is called out as noisy
 ISA_NAMES = {"amx": "AMX (AVX-512 + AMX int8 prefill)", "avx512": "AVX-512",
              "avx2": "AVX2", "avx2vnni": "AVX2 + AVX-VNNI", "ref": "reference (scalar)"}
@@ -119,11 +115,6 @@ def _table(rows: list[dict], peers: list[tuple[str, str]]) -> list[str]:
         out.append(f"| {r['quant']} | {r['threads']} | {r['test']} | {bold(z, _fmt(z))} | " + " | ".join(cells)
                    + f" | {roof} |")
     return out
-
-
-def _vnni_amx(r: dict) -> bool:
-    """A row of the amx tier whose int8 roof was the vpdpbusd one (AMX_PEAK_SINCE)."""
-    return r.get("isa") == "amx" and r["run_id"] < AMX_PEAK_SINCE
 
 
 def _int8_name(roof: dict | None) -> str:
@@ -245,7 +236,6 @@ def render_real(path: Path, rows: list[dict]) -> str:
            f"parameters per token) over the tier's int8 peak (BF16: the fp32 FMA peak).", ""]
     out += ["| model | weights | threads | test | zen5 | " + " | ".join(lbl for _, lbl in peers) + " | zen5 of roof |",
             "|---|---|---:|---|---:|" + "---:|" * len(peers) + "---:|"]
-    daggers = False
     for r in sorted((r for r in speed if r["engine"] == "zen5"), key=_real_key):
         z = float(r["tps_median"])
         found = [by.get((k, r["model_size"], r["quant"], r["threads"], r["test"])) for k, _ in peers]
@@ -254,16 +244,10 @@ def render_real(path: Path, rows: list[dict]) -> str:
         cells = [bold(float(p["tps_median"]), f"{_fmt(float(p['tps_median']))} ({z / float(p['tps_median']):.2f}x)")
                  if p else "-" for p in found]
         roof = f"{100 * float(r['frac_roof']):.0f}%" if r["frac_roof"] else "-"
-        if _vnni_amx(r) and r["test"].startswith("pp"):
-            roof, daggers = roof + "†", True
         tier_of = f" ({r['isa']})" if len(isas) > 1 else ""  # rows from runs on different tiers
         out.append(f"| {r['model_size'].upper()} | {r['quant']} | {r['threads']} | {r['test']} | "
                    f"{bold(z, _fmt(z))}{tier_of} | "
                    + " | ".join(cells) + f" | {roof} |")
-    if daggers:
-        out += ["", "† prefill of the amx tier over the int8 VNNI (vpdpbusd zmm) peak: recorded before "
-                    "`bench/roofline.c` measured the tile unit, whose TDPBSSD peak is about 6.6x that on "
-                    "this CPU; runs from then on divide by the tile unit's peak."]
     out += ["", "Load (open to first token; zen5: `load_weights` to the first token's logits in a fresh process; "
                 "llama.cpp: starting `llama-bench -p 0 -n 1` to its first result) and resident memory "
                 "(/proc/<pid>/status: VmHWM, the peak during load and the first token; VmRSS after it), "

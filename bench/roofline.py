@@ -17,7 +17,7 @@ of the instructions the tier's kernels use:
             fp32: vfmadd231ps ymm
 Every tier's row has "tier", "int8_gops" (the int8 roof), "int8_insn", "fma_fp32_gflops" and
 "fma_insn"; amx / avx512 / avx2vnni rows also "vnni_int8_gops" (older results have only that
-one). Rows of the amx tier recorded before 2026-12-05 15:00 UTC have no "amx_int8_gops": their
+one). Rows of the amx tier recorded before 2026-12-05 14:00 UTC have no "amx_int8_gops": their
 int8 roof was the vpdpbusd one, and their prefill fractions of it could pass 100%.
 The C helper exists because numpy cannot issue wide loads with enough independent accumulators
 to reach the roof, nor VNNI at all.

@@ -242,16 +242,3 @@ def test_the_roofs_are_the_best_of_probes_at_the_start_and_the_end(tmp_path, mon
     run.execute()
     assert seen == {1: {"read_dram_gbps": 37.0, "int8_gops": 330.0}}
 
-
-def test_amx_prefill_rows_from_before_the_tile_peak_are_marked(tmp_path):
-    """Runs of the amx tier divided their prefill by the vpdpbusd peak until roofline.c measured
-    the tile unit (report.AMX_PEAK_SINCE): those rows' prefill fraction carries a mark and a
-    footnote; a later amx run's, and decode's, do not."""
-    old = [dict(r, isa="amx") for r in _real_rows("2026-12-05T07:10:04", "1.7b", "Q4_0", 12.0)]
-    new = [dict(r, isa="amx") for r in _real_rows("2026-12-06T00:00:00", "8b", "Q4_0", 3.0)]
-    harness.append_csv(tmp_path / "Test_CPU-real.csv", real_bench.REAL_COLUMNS, old + new)
-    real = report.render(tmp_path)
-    assert "| 1.7B | Q4_0 | 2 | pp512 | **60.0** | 40.0 (1.50x) | 40%† |" in real
-    assert "| 1.7B | Q4_0 | 2 | tg128 | **12.0** | 10.0 (1.20x) | 36% |" in real
-    assert "| 8B | Q4_0 | 2 | pp512 | **60.0** | 40.0 (1.50x) | 40% |" in real
-    assert "† prefill of the amx tier over the int8 VNNI (vpdpbusd zmm) peak" in real
