@@ -31,7 +31,10 @@ Figures:
           and softmax not counted, so a lower bound) over its time, as a fraction of the tier's
           int8 peak (amx: the tile unit's TDPBSSD, not vpdpbusd) measured in the same run: probed
           before and after the thread count's work, the higher kept (one probe in a slow second
-          read 190 GOP/s where others read 320).
+          read 190 GOP/s where others read 320). A prefill's MoE halves also get the bytes
+          they read: the layer's FFN weights outside the routed experts plus each expert the
+          prefill's tokens were routed to (ctx.last_experts), once per prefill, over its tokens;
+          over the DRAM roof that gives their roofline bound (moe_prefill).
 Projection (printed and written to <cpu>-dsv4-projection.md): the full V4 Flash (43 layers: 2
 window-only, 21 ratio-4, 20 ratio-128 by its compress_ratios) as the sum of the measured stages,
 for this machine and for a named Zen 5 EPYC, with every assumption stated.
@@ -242,6 +245,8 @@ def child(path: str, threads: int, depths: list[int], gen: int, repeat: int, cac
     repetition's stage times), so each repetition is divided by the bandwidth of its own moment
     (this VM's moved between 31 and 53 GB/s at 2 threads within seconds)."""
 
+    import numpy as np
+
     from zen5.engine import Engine
     from zen5.loader.deepseek_v4 import load_deepseek_v4_dir
     t0 = time.time()
@@ -282,10 +287,14 @@ def child(path: str, threads: int, depths: list[int], gen: int, repeat: int, cac
             ctx.reset_stage_seconds()
             ctx.eval(stream[d:d + PREFILL])
             runs["pp"].append([s / PREFILL for s in ctx.stage_seconds()])
+            # per layer, the routed experts the prefill's tokens went to: the experts it read
+            ids = np.asarray(ctx.last_experts())  # (tokens, layers, top_k)
+            hit = [int(np.unique(ids[:, layer]).size) for layer in range(ids.shape[1])]
             ctx.rewind(d)
         # per stage, the median over repetitions of its seconds per token
         out["depths"][str(d)] = {k: [statistics.median(r[i] for r in v) for i in range(len(v[0]))]
                                  for k, v in runs.items()}
+        out["depths"][str(d)]["pp_experts"] = hit  # the same tokens every repetition
         if probe:
             out["depths"][str(d)].update(tg_reps=runs["tg"], tg_roofs=roofs)
     return out
@@ -412,7 +421,10 @@ class DeepSeekV4Run:
                 if test == "tg":  # per_rep: [(seconds, roof)] of the repetitions, where probed
                     frac = statistics.median(b / x / 1e9 / g for x, g in per_rep) if per_rep else b / s / 1e9 / roof
                     return dict(r, bytes_per_token=b, gbps=round(b / s / 1e9, 2), frac_dram_roof=round(frac, 3))
-                return dict(r, gops=round(ops / s / 1e9, 1), frac_int8_peak=round(ops / s / 1e9 / peak, 3))
+                r.update(gops=round(ops / s / 1e9, 1), frac_int8_peak=round(ops / s / 1e9 / peak, 3))
+                if b is not None:  # a prefill's MoE half: the weights it read, over its tokens
+                    r.update(bytes_per_token=round(b), gbps=round(b / s / 1e9, 2), frac_dram_roof=round(b / s / 1e9 / roof, 3))
+                return r
 
             for d, tests in res["depths"].items():
                 # decode: each repetition over the DRAM roof probed around it, the median of those
@@ -424,17 +436,21 @@ class DeepSeekV4Run:
                     if test not in ("tg", "pp"):
                         continue
                     name = "tg" if test == "tg" else f"pp{PREFILL}"
+                    hit = tests.get("pp_experts")  # prefill: the routed experts its tokens went to, per layer
                     stages = []
                     for i, ratio in enumerate(KINDS):
                         attn_b = lb[i][0] + kv_bytes(cfg, ratio, int(d))
                         ffn_b = lb[i][1] + k * lb[i][2]
+                        if test == "pp":  # bytes only for the MoE half: each weight it uses, read once
+                            attn_b, ffn_b = None, (lb[i][1] + hit[i] * lb[i][2]) / PREFILL if hit else None
                         ops = matmul_ops(cfg, ratio)
                         stages += [(f"attn_r{ratio}", secs[2 * i], attn_b, ops[0]),
                                    (f"ffn_r{ratio}", secs[2 * i + 1], ffn_b, ops[1])]
                     # the head runs once per eval: for the last token of a prefill only
-                    stages.append(("rest", secs[-1], res["head_bytes"] + 2 * cfg["hidden_size"],
+                    stages.append(("rest", secs[-1], res["head_bytes"] + 2 * cfg["hidden_size"] if test == "tg" else None,
                                    2.0 * cfg["vocab_size"] * cfg["hidden_size"] / (1 if test == "tg" else PREFILL)))
-                    total = ("total", *(sum(x[i] for x in stages) for i in (1, 2, 3)))
+                    total = ("total", sum(x[1] for x in stages),
+                             sum(x[2] for x in stages) if test == "tg" else None, sum(x[3] for x in stages))
                     # a stage's seconds in each repetition (stage order: the child's), and the total's
                     per_rep = [[(rs[j], g) for rs, g in reps] for j in range(len(stages))] + [
                         [(sum(rs), g) for rs, g in reps]] if test == "tg" else [None] * (len(stages) + 1)
@@ -525,6 +541,7 @@ def projection(run_id: str, rows: list[dict], depths: list[int], results: dict |
                 there = "- (AMX here)" if there is None else f"{there:.0f} tok/s"
                 lines.append(f"| {t} | {d} | {'decode' if test == 'tg' else 'prefill ' + str(PREFILL)} | {amount} | "
                              f"{1 / secs:.2f} tok/s | {frac:.1%} | {there} |")
+    lines += moe_prefill(by)
     for t, r in sorted((t, r) for t, r in (results or {}).items() if "load_s" in r):
         lines.append(f"\nLoad of the bench model at {t} thread(s): {r['load_s']:.1f} s to a ready engine (weight "
                      f"cache {r['weight_cache']['status']}); its routed experts ({r['expert_bytes'] / 1e9:.1f} GB) are "
@@ -539,6 +556,30 @@ def projection(run_id: str, rows: list[dict], depths: list[int], results: dict |
             p = 1 / float(r["seconds_per_token"])
             lines.append(f"| {t} | {d} | {test} | {z:.2f} | {p:.2f} | {z / p:.2f}x |")
     return "\n".join(lines) + "\n"
+
+
+def moe_prefill(by: dict) -> list[str]:
+    """The projection's section on the prefill's MoE halves (issue 22's prefill target): each one's
+    fraction of the int8 peak beside its roofline bound. A stage runs no faster than the int8
+    peak, nor than the DRAM roof times its operations per byte read; as a fraction of the int8
+    peak that bound is min(1, f_int8 / f_dram), and the stage's share of it max(f_int8, f_dram)."""
+    keys = sorted(k for k in by if k[2] == f"pp{PREFILL}" and k[3].startswith("ffn_")
+                  and by[k].get("frac_dram_roof") is not None)
+    if not keys:
+        return []
+    lines = ["", f"The MoE halves of the {PREFILL}-token prefill, per layer kind. Each reads, once per prefill, the "
+             "layer's FFN weights outside the routed experts and every expert the prefill's tokens were routed to "
+             "(counted from the routing): those bytes over the tokens, against the decode rows' DRAM probe. The "
+             "roofline bound is the most of the int8 peak the half could reach here: the peak, or the DRAM roof "
+             "times its operations per byte, whichever is lower.", "",
+             "| threads | depth | layer | GOP/s | of the int8 peak | weights read / token | of the DRAM roof | "
+             "roofline bound, of the int8 peak | of that bound |", "|---|---|---|---|---|---|---|---|---|"]
+    for t, d, _, stage in sorted(keys, key=lambda k: (k[0], k[1], KINDS.index(int(k[3][len("ffn_r"):])))):
+        r = by[(t, d, f"pp{PREFILL}", stage)]
+        fi, fd = r["frac_int8_peak"], r["frac_dram_roof"]
+        lines.append(f"| {t} | {d} | ratio {stage[len('ffn_r'):]} | {r['gops']:.0f} | {fi:.1%} | "
+                     f"{r['bytes_per_token'] / 1e6:.2f} MB | {fd:.1%} | {min(1.0, fi / fd):.1%} | {max(fi, fd):.1%} |")
+    return lines
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--route"]:

@@ -84,6 +84,9 @@ def test_a_child_measures_every_stage_of_a_tiny_model(tmp_path):
         # beside that repetition's stage times
         (roof,) = out["depths"][d]["tg_roofs"]
         assert 1.0 < roof < 2000.0 and out["depths"][d]["tg_reps"] == [out["depths"][d]["tg"]]
+    # the experts the depth-0 prefill read, per layer: those a fresh load routes the same tokens to
+    counts = dsv4_bench.route_counts(str(ckpt), dsv4_bench.PREFILL)
+    assert out["depths"]["0"]["pp_experts"] == [sum(1 for c in layer if c) for layer in counts]
 
 
 def test_balancing_evens_each_layers_expert_load_through_its_router_bias(tmp_path):
@@ -137,6 +140,38 @@ def test_rows_give_each_stage_its_figures_and_the_peer_the_same_totals():
     (peer,) = [r for r in rows if r["engine"] == "llama.cpp-native"]
     assert (peer["test"], peer["bytes_per_token"]) == ("tg", total["bytes_per_token"])
     assert peer["gbps"] == round(total["bytes_per_token"] / 0.05 / 1e9, 2)
+
+
+def test_a_prefills_moe_halves_read_the_experts_it_was_routed_to_and_show_their_roofline_bound():
+    cfg = dsv4_bench.bench_config(16)
+    secs = [0.001] * 6 + [0.01]
+    hit = [16, 12, 9]
+    res = {"isa": "avx512", "layer_bytes": [[100, 2 * 10**6, 2 * 10**8]] * 3, "head_bytes": 1000,
+           "depths": {"0": {"tg": secs, "pp": secs, "pp_experts": hit}}}
+    run = dsv4_bench.DeepSeekV4Run(harness.BenchConfig(deepseek_v4=True, repeat=1), log=lambda m: None)
+    rows = run.rows("run", {1: res}, {1: {"read_dram_gbps": 20.0, "int8_gops": 4000.0}}, cfg, {}, None)
+    pp = {r["stage"]: r for r in rows if r["test"] == "pp512"}
+    for i, ratio in enumerate(dsv4_bench.KINDS):
+        r = pp[f"ffn_r{ratio}"]
+        b = (2 * 10**6 + hit[i] * 2 * 10**8) / dsv4_bench.PREFILL  # each weight the half used, once per prefill
+        assert r["bytes_per_token"] == round(b) and r["frac_dram_roof"] == round(b / 0.001 / 1e9 / 20.0, 3)
+        assert r["frac_int8_peak"] == round(dsv4_bench.matmul_ops(cfg, ratio)[1] / 0.001 / 1e9 / 4000.0, 3)
+        assert "bytes_per_token" not in pp[f"attn_r{ratio}"]  # no bytes where they are not counted
+    assert "bytes_per_token" not in pp["rest"] and "bytes_per_token" not in pp["total"]
+    text = dsv4_bench.projection("run", rows, [0])
+    for i, ratio in enumerate(dsv4_bench.KINDS):
+        r = pp[f"ffn_r{ratio}"]
+        fi, fd = r["frac_int8_peak"], r["frac_dram_roof"]
+        # the bound: the lower of the peak and the DRAM roof x operations per byte, of the peak
+        bound = min(4000.0, 20.0 * r["gops"] / r["gbps"]) / 4000.0
+        assert min(1.0, fi / fd) == pytest.approx(bound, rel=0.02) and bound < 1.0  # bound by DRAM here
+        assert (f"| 1 | 0 | ratio {ratio} | {r['gops']:.0f} | {fi:.1%} | {r['bytes_per_token'] / 1e6:.2f} MB | "
+                f"{fd:.1%} | {min(1.0, fi / fd):.1%} | {max(fi, fd):.1%} |") in text
+    # an old result without the routing: no bytes, and no section
+    del res["depths"]["0"]["pp_experts"]
+    rows = run.rows("run", {1: res}, {1: {"read_dram_gbps": 20.0, "int8_gops": 4000.0}}, cfg, {}, None)
+    assert all("bytes_per_token" not in r for r in rows if r["test"] == "pp512")
+    assert "MoE halves" not in dsv4_bench.projection("run", rows, [0])
 
 
 def test_decode_fractions_pair_each_repetition_with_the_roof_probed_around_it():
