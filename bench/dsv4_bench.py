@@ -541,7 +541,7 @@ def projection(run_id: str, rows: list[dict], depths: list[int], results: dict |
                 there = "- (AMX here)" if there is None else f"{there:.0f} tok/s"
                 lines.append(f"| {t} | {d} | {'decode' if test == 'tg' else 'prefill ' + str(PREFILL)} | {amount} | "
                              f"{1 / secs:.2f} tok/s | {frac:.1%} | {there} |")
-    lines += moe_prefill(by)
+    lines += moe_prefill(by, None if on_amx else (z_bw, z_int8))
     for t, r in sorted((t, r) for t, r in (results or {}).items() if "load_s" in r):
         lines.append(f"\nLoad of the bench model at {t} thread(s): {r['load_s']:.1f} s to a ready engine (weight "
                      f"cache {r['weight_cache']['status']}); its routed experts ({r['expert_bytes'] / 1e9:.1f} GB) are "
@@ -558,11 +558,13 @@ def projection(run_id: str, rows: list[dict], depths: list[int], results: dict |
     return "\n".join(lines) + "\n"
 
 
-def moe_prefill(by: dict) -> list[str]:
+def moe_prefill(by: dict, zen5: tuple[float, float] | None = None) -> list[str]:
     """The projection's section on the prefill's MoE halves (issue 22's prefill target): each one's
     fraction of the int8 peak beside its roofline bound. A stage runs no faster than the int8
     peak, nor than the DRAM roof times its operations per byte read; as a fraction of the int8
-    peak that bound is min(1, f_int8 / f_dram), and the stage's share of it max(f_int8, f_dram)."""
+    peak that bound is min(1, f_int8 / f_dram), and the stage's share of it max(f_int8, f_dram).
+    zen5: the named machine's (DRAM GB/s, int8 GOP/s) when the prefill is projected there, whose
+    own bound for the same halves is checked against the fractions the projection carries."""
     keys = sorted(k for k in by if k[2] == f"pp{PREFILL}" and k[3].startswith("ffn_")
                   and by[k].get("frac_dram_roof") is not None)
     if not keys:
@@ -579,6 +581,17 @@ def moe_prefill(by: dict) -> list[str]:
         fi, fd = r["frac_int8_peak"], r["frac_dram_roof"]
         lines.append(f"| {t} | {d} | ratio {stage[len('ffn_r'):]} | {r['gops']:.0f} | {fi:.1%} | "
                      f"{r['bytes_per_token'] / 1e6:.2f} MB | {fd:.1%} | {min(1.0, fi / fd):.1%} | {max(fi, fd):.1%} |")
+    if zen5:
+        z_bw, z_int8 = zen5
+        rows = [by[k] for k in keys]
+        bound = [min(1.0, z_bw * r["gops"] / r["gbps"] / z_int8) for r in rows]  # DRAM x operations per byte
+        over = sum(r["frac_int8_peak"] > b for r, b in zip(rows, bound))
+        lines += ["", f"On the named Zen 5 the same halves' roofline bound is {min(bound):.0%}-{max(bound):.0%} of its "
+                  "int8 peak (its DRAM roof times their operations per byte); the projection carries there the "
+                  f"fractions of the peak measured here, {min(r['frac_int8_peak'] for r in rows):.1%}-"
+                  f"{max(r['frac_int8_peak'] for r in rows):.1%}, "
+                  + ("all below that bound." if not over else
+                     f"and {over} of the {len(rows)} exceed it: there the projected prefill overstates them.")]
     return lines
 
 

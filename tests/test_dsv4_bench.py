@@ -167,6 +167,16 @@ def test_a_prefills_moe_halves_read_the_experts_it_was_routed_to_and_show_their_
         assert min(1.0, fi / fd) == pytest.approx(bound, rel=0.02) and bound < 1.0  # bound by DRAM here
         assert (f"| 1 | 0 | ratio {ratio} | {r['gops']:.0f} | {fi:.1%} | {r['bytes_per_token'] / 1e6:.2f} MB | "
                 f"{fd:.1%} | {min(1.0, fi / fd):.1%} | {max(fi, fd):.1%} |") in text
+    # the prefill is projected onto the named Zen 5 (not an amx run): its own bound for the same halves
+    z = dsv4_bench.ZEN5
+    z_bw, z_int8 = z["dram_peak_gbps"] * z["dram_sustained"], z["cores"] * z["ghz"] * z["int8_ops_per_cycle"]
+    zb = [min(1.0, z_bw * r["gops"] / r["gbps"] / z_int8) for r in (pp[f"ffn_r{k}"] for k in dsv4_bench.KINDS)]
+    assert f"roofline bound is {min(zb):.0%}-{max(zb):.0%} of its int8 peak" in text and "all below that bound" in text
+    slow = run.rows("run", {1: res}, {1: {"read_dram_gbps": 20.0, "int8_gops": 40.0}}, cfg, {}, None)
+    assert "and 3 of the 3 exceed it" in dsv4_bench.projection("run", slow, [0])  # fractions above its bound
+    res["isa"] = "amx"  # no prefill projected onto Zen 5, so no such check
+    assert "named Zen 5 the same halves" not in dsv4_bench.projection("run", run.rows(
+        "run", {1: res}, {1: {"read_dram_gbps": 20.0, "int8_gops": 4000.0}}, cfg, {}, None), [0])
     # an old result without the routing: no bytes, and no section
     del res["depths"]["0"]["pp_experts"]
     rows = run.rows("run", {1: res}, {1: {"read_dram_gbps": 20.0, "int8_gops": 4000.0}}, cfg, {}, None)
