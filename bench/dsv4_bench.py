@@ -423,7 +423,8 @@ class DeepSeekV4Run:
                     return dict(r, bytes_per_token=b, gbps=round(b / s / 1e9, 2), frac_dram_roof=round(frac, 3))
                 r.update(gops=round(ops / s / 1e9, 1), frac_int8_peak=round(ops / s / 1e9 / peak, 3))
                 if b is not None:  # a prefill's MoE half: the weights it read, over its tokens
-                    r.update(bytes_per_token=round(b), gbps=round(b / s / 1e9, 2), frac_dram_roof=round(b / s / 1e9 / roof, 3))
+                    r.update(bytes_per_token=round(b), gbps=round(b / s / 1e9, 2),
+                             frac_dram_roof=round(b / s / 1e9 / roof, 3))
                 return r
 
             for d, tests in res["depths"].items():
@@ -447,7 +448,8 @@ class DeepSeekV4Run:
                         stages += [(f"attn_r{ratio}", secs[2 * i], attn_b, ops[0]),
                                    (f"ffn_r{ratio}", secs[2 * i + 1], ffn_b, ops[1])]
                     # the head runs once per eval: for the last token of a prefill only
-                    stages.append(("rest", secs[-1], res["head_bytes"] + 2 * cfg["hidden_size"] if test == "tg" else None,
+                    head_b = res["head_bytes"] + 2 * cfg["hidden_size"] if test == "tg" else None
+                    stages.append(("rest", secs[-1], head_b,
                                    2.0 * cfg["vocab_size"] * cfg["hidden_size"] / (1 if test == "tg" else PREFILL)))
                     total = ("total", sum(x[1] for x in stages),
                              sum(x[2] for x in stages) if test == "tg" else None, sum(x[3] for x in stages))
