@@ -440,9 +440,9 @@ class DeepSeekV4Run:
                     hit = tests.get("pp_experts")  # prefill: the routed experts its tokens went to, per layer
                     stages = []
                     for i, ratio in enumerate(KINDS):
-                        attn_b = lb[i][0] + kv_bytes(cfg, ratio, int(d))
-                        ffn_b = lb[i][1] + k * lb[i][2]
-                        if test == "pp":  # bytes only for the MoE half: each weight it uses, read once
+                        if test == "tg":
+                            attn_b, ffn_b = lb[i][0] + kv_bytes(cfg, ratio, int(d)), lb[i][1] + k * lb[i][2]
+                        else:  # bytes only for the MoE half: each weight it uses, read once per prefill
                             attn_b, ffn_b = None, (lb[i][1] + hit[i] * lb[i][2]) / PREFILL if hit else None
                         ops = matmul_ops(cfg, ratio)
                         stages += [(f"attn_r{ratio}", secs[2 * i], attn_b, ops[0]),
@@ -567,8 +567,9 @@ def moe_prefill(by: dict, zen5: tuple[float, float] | None = None) -> list[str]:
     peak that bound is min(1, f_int8 / f_dram), and the stage's share of it max(f_int8, f_dram).
     zen5: the named machine's (DRAM GB/s, int8 GOP/s) when the prefill is projected there, whose
     own bound for the same halves is checked against the fractions the projection carries."""
-    keys = sorted(k for k in by if k[2] == f"pp{PREFILL}" and k[3].startswith("ffn_")
-                  and by[k].get("frac_dram_roof") is not None)
+    keys = sorted((k for k in by if k[2] == f"pp{PREFILL}" and k[3].startswith("ffn_")
+                   and by[k].get("frac_dram_roof") is not None),
+                  key=lambda k: (k[0], k[1], KINDS.index(int(k[3][len("ffn_r"):]))))
     if not keys:
         return []
     lines = ["", f"The MoE halves of the {PREFILL}-token prefill, per layer kind. Each reads, once per prefill, the "
@@ -578,7 +579,7 @@ def moe_prefill(by: dict, zen5: tuple[float, float] | None = None) -> list[str]:
              "times its operations per byte, whichever is lower.", "",
              "| threads | depth | layer | GOP/s | of the int8 peak | weights read / token | of the DRAM roof | "
              "roofline bound, of the int8 peak | of that bound |", "|---|---|---|---|---|---|---|---|---|"]
-    for t, d, _, stage in sorted(keys, key=lambda k: (k[0], k[1], KINDS.index(int(k[3][len("ffn_r"):])))):
+    for t, d, _, stage in keys:
         r = by[(t, d, f"pp{PREFILL}", stage)]
         fi, fd = r["frac_int8_peak"], r["frac_dram_roof"]
         lines.append(f"| {t} | {d} | ratio {stage[len('ffn_r'):]} | {r['gops']:.0f} | {fi:.1%} | "
