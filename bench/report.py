@@ -256,7 +256,8 @@ def render_real(path: Path, rows: list[dict]) -> str:
                 "so it packs the weights; the cache file is written afterwards, in the background "
                 "(zen5/weight_cache.py; runs recorded before 2026-12-03 wrote it before the first token); "
                 "zen5: every later load, "
-                "which maps the cache.", "",
+                "which maps the cache (from 2026-12-05T19:50 on, after the cache file was read through once, "
+                "untimed, so that it is in the page cache as the peer's GGUF is).", "",
             "| model | weights | file | reads/token | engine | threads | load | peak RSS (load) | RSS after load "
             "| KV cache |", "|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     tg = {(r["model_size"], r["quant"]): r["bytes_per_token"] for r in speed if r["bytes_per_token"]}
