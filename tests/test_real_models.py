@@ -243,7 +243,6 @@ def test_the_roofs_are_the_best_of_probes_at_the_start_and_the_end(tmp_path, mon
     assert seen == {1: {"read_dram_gbps": 37.0, "int8_gops": 330.0}}
 
 
-
 def test_the_cached_load_finds_the_cache_file_in_the_page_cache(tmp_path, monkeypatch):
     """zen5's cached load runs after the cache file, which the first load wrote, has been read
     through once, as the peer's GGUF is warm: under memory pressure the write left part of an 8B

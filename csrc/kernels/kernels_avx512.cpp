@@ -904,14 +904,16 @@ void group_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, fl
     const int64_t qstep = x.ld * QK, gstep = w.blocks * w.block_bytes, sstep = w.blocks * w.scale_bytes;
     const int pf = prefetch_blocks(TYPE, np, G);
     const bool l1 = amd_q4_decode(TYPE, np);
+    // Near the span's end the prefetches fetch the start of the next pass's span instead: the
+    // group G further on, the same columns (see kDecodePrefetchBlocks on what it gains)
+    const int64_t wrap = G * gstep - (b1 - b0) * int64_t(w.block_bytes);
+    const int64_t swrap = G * sstep - (b1 - b0) * int64_t(w.scale_bytes);
     for (int64_t b = b0; b < b1; ++b, xq += qstep, xd += x.ld, xc += x.ld, xds += x.ld) {
         const uint8_t* blk = w.at(g, b);
         const uint8_t* sc = w.scale_at(g, b);
         if (t0 == 0 && pf) {  // the first token tile streams the weights (see kPrefetchBlocks); later ones find them in L1
-            // Near the span's end, fetch the start of the next pass's span instead: the group G
-            // further on, the same columns (see kDecodePrefetchBlocks on what it gains)
-            const int64_t over = b + pf >= b1 ? G * gstep - (b1 - b0) * int64_t(w.block_bytes) : 0;
-            const int64_t sover = over ? G * sstep - (b1 - b0) * int64_t(w.scale_bytes) : 0;
+            const bool tail = b + pf >= b1;
+            const int64_t over = tail ? wrap : 0, sover = tail ? swrap : 0;
             for (int h = 0; h < G; ++h) {
                 const char* ahead = (const char*)blk + h * gstep + pf * w.block_bytes + over;
                 for (size_t o = 0; o < w.block_bytes; o += 64)
