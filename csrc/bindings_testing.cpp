@@ -3,6 +3,10 @@
 // every tier against the reference; test_reference_agreement.py runs the q8_0 attention); the
 // production API is bindings.cpp.
 #include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <tuple>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -11,6 +15,7 @@
 #include "bindings.h"
 #include "deepseek_v4.h"
 #include "model.h"
+#include "threadpool.h"
 
 namespace zen5 {
 
@@ -74,6 +79,27 @@ void register_testing(py::module_& parent) {
         }
         return out;
     }, py::arg("kind"), py::arg("x"), py::arg("block") = 0);
+    // ThreadPool::run_shares on a pool of `threads`: the (u0, u1, ran_on_caller) ranges it ran,
+    // the calling thread spending caller_us microseconds per unit and the workers none (a slow
+    // thread whose share the others should take over)
+    m.def("pool_shares", [](int threads, int64_t n_units, int64_t min_chunk, int caller_us) {
+        ThreadPool pool(threads);
+        const auto caller = std::this_thread::get_id();
+        std::mutex mu;
+        std::vector<std::tuple<int64_t, int64_t, bool>> ranges;
+        {
+            py::gil_scoped_release nogil;
+            pool.run_shares(n_units, min_chunk, [&](int64_t u0, int64_t u1) {
+                const bool on_caller = std::this_thread::get_id() == caller;
+                if (on_caller) std::this_thread::sleep_for(std::chrono::microseconds(caller_us * (u1 - u0)));
+                std::lock_guard<std::mutex> lock(mu);
+                ranges.emplace_back(u0, u1, on_caller);
+            });
+        }
+        py::list out;
+        for (const auto& [u0, u1, on_caller] : ranges) out.append(py::make_tuple(u0, u1, on_caller));
+        return out;
+    }, py::arg("threads"), py::arg("n_units"), py::arg("min_chunk"), py::arg("caller_us") = 0);
     // (hash_bytes of data, the same fed to StreamHash in pieces of `piece` bytes): must be equal
     m.def("hash_pieces", [](const py::bytes& b, uint64_t seed, size_t piece) {
         const std::string s = b;

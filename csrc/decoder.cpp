@@ -116,52 +116,23 @@ void Context::matmuls(std::initializer_list<MatJob> jobs, int n) {
         }
         ++ji;
     }
-    // The jobs' rows, laid end to end, are cut into equal ranges, one per task; a task runs the
-    // part of each matrix its range covers, so it may finish one matrix and start the next.
-    // (Slices of one matrix at a time left decode's q, k and v, three equal matrices, as three
-    // tasks for two threads: one thread ran two of them while the other waited.) A prefill has
-    // several tasks per thread, so a slow thread is not the tail.
-    const int nt = model_->pool.size();
-    int64_t total_rows = 0, start[9];
+    // The jobs' rows, in whole granules, are laid end to end and shared out among the threads
+    // (ThreadPool::run_shares: each takes its share front to back, then the back of a slower
+    // one's); a range may end one matrix and start the next. (Slices of one matrix at a time
+    // left decode's q, k and v, three equal matrices, as three tasks for two threads: one
+    // thread ran two of them while the other waited.) A part of a matrix is whole pairs of
+    // 16-row groups (the int8 tiles cover two; an odd count leaves a slower single-group pass
+    // per part); float weights are read in 64-row bands (FloatPanels), so their parts are whole
+    // bands.
+    ThreadPool::Rows rows[8];
     const MatJob* job_of[8];
-    ji = 0;
-    for (const MatJob& j : jobs) {
-        job_of[ji] = &j;
-        start[ji] = total_rows;
-        total_rows += j.w->rows;
-        ++ji;
-    }
-    const int n_jobs = ji;
-    // Each task's part of a matrix is whole granules of it. A prefill part is whole pairs of
-    // 16-row groups (the int8 prefill tile covers two; an odd count leaves a slower single-group
-    // tile per part); decode balances 16-row granules. Float weights are read in 64-row bands
-    // (FloatPanels), so their parts are whole bands.
-    bool bands = false;
-    for (const MatJob& j : jobs) bands |= j.w->panels != nullptr;
-    const int64_t gran = bands ? kPanelRows : n > 1 ? 32 : 16;
-    // Decode and small batches (<= 8 tokens, e.g. a speculative verification): one task per
-    // thread. Their phases last tens of microseconds, and every extra task is one more claim on
-    // the pool's shared counter (a cache line that moves between cores): 4 slices per thread
-    // measured slower for decode at 2 threads (alternating pairs; commit c8b6cd7).
-    const int per_thread = n > 8 ? 4 : 1;
-    const int n_tasks = int(std::min<int64_t>(int64_t(nt) * per_thread, (total_rows + gran - 1) / gran));
-    // A cut at c of the rows end to end falls in job jj at row c - start[jj], rounded up to the
-    // job's granule and clamped to its rows: neighbouring tasks share each cut, so every row of
-    // every job belongs to exactly one task, whatever the thread count and shapes.
-    model_->pool.run(n_tasks, [&](int t, int) {
-        const int64_t c0 = total_rows * t / n_tasks, c1 = total_rows * (t + 1) / n_tasks;
-        for (int jj = 0; jj < n_jobs; ++jj) {
-            const MatJob& job = *job_of[jj];
-            const WeightView& w = *job.w;
-            auto local = [&](int64_t c) {
-                const int64_t r = c - start[jj];
-                return r <= 0 ? int64_t(0) : std::min(w.rows, (r + gran - 1) / gran * gran);
-            };
-            const int64_t r0 = local(c0), r1 = local(c1);
-            if (r0 >= r1) continue;
-            if (act_of[jj] >= 0) k_.matmul_int8(*w.packed, r0, r1, acts[act_of[jj]], n, job.y, w.rows);
-            else k_.matmul(w, r0, r1, job.x, n, w.cols, job.y, w.rows);
-        }
+    int n_jobs = 0;
+    for (const MatJob& j : jobs) job_of[n_jobs] = &j, rows[n_jobs++] = {0, j.w->rows, j.w->panels ? kPanelRows : 32};
+    model_->pool.run_rows(rows, n_jobs, [&](int jj, int64_t r0, int64_t r1) {
+        const MatJob& job = *job_of[jj];
+        const WeightView& w = *job.w;
+        if (act_of[jj] >= 0) k_.matmul_int8(*w.packed, r0, r1, acts[act_of[jj]], n, job.y, w.rows);
+        else k_.matmul(w, r0, r1, job.x, n, w.cols, job.y, w.rows);
     });
 }
 

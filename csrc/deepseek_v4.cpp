@@ -249,35 +249,27 @@ void V4Context::matmuls(const std::vector<MatJob>& jobs) {
             k_.quantize_act(m.x + t * m.ldx, 1, m.w->cols, m.n, act_q_.data() + (o + t) * QK, act_d_.data() + o + t,
                             act_c_.data() + o + t, act_ds_.data() + o + t);
     }
-    // each job's rows in at least 2 tasks per thread and at most kTaskWeights weights a task, the
-    // tasks of all jobs claimed from one list: a thread that finishes early waits at most for one
-    // small task (V4 Flash's BF16 head in 4 tasks of 265 MB decoded 3.7% slower at 2 threads,
-    // in-process alternation on the bench model)
-    constexpr int64_t kTaskWeights = 1 << 21;
-    struct Part { size_t job; int64_t lo, hi; };
-    std::vector<Part> parts;
-    const int nt = model_->pool.size();
+    // the jobs' rows shared out among the threads as the llama decoder's (Context::matmuls,
+    // ThreadPool::run_rows): whole 16-row group pairs, or 64-row bands for float weights
+    std::vector<ThreadPool::Rows> rows(J);
     int64_t work = 0;
     for (size_t j = 0; j < J; ++j) {
         const MatJob& m = jobs[j];
-        const int64_t r1 = m.r1 < 0 ? m.w->rows : m.r1, rows = r1 - m.r0, gran = m.w->packed ? 16 : kPanelRows;
-        const int64_t want = nt == 1 ? rows : std::min(rows / (nt * 2), kTaskWeights / m.w->cols);
-        const int64_t per = std::max<int64_t>(gran, (want + gran - 1) / gran * gran);
-        for (int64_t lo = m.r0; lo < r1; lo += per) parts.push_back({j, lo, std::min(r1, lo + per)});
-        work += int64_t(m.n) * rows * m.w->cols;
+        rows[j] = {m.r0, m.r1 < 0 ? m.w->rows : m.r1, m.w->packed ? 32 : kPanelRows};
+        work += int64_t(m.n) * (rows[j].hi - rows[j].lo) * m.w->cols;
     }
-    auto run = [&](const Part& p) {
-        const MatJob& m = jobs[p.job];
-        if (m.w->packed) return k_.matmul_int8(*m.w->packed, p.lo, p.hi, qa[p.job], m.n, m.y, m.ldy);
+    auto run = [&](int j, int64_t lo, int64_t hi) {
+        const MatJob& m = jobs[j];
+        if (m.w->packed) return k_.matmul_int8(*m.w->packed, lo, hi, qa[j], m.n, m.y, m.ldy);
         WeightView v = *m.w;
-        if (p.lo % kPanelRows) v.panels = nullptr;  // panel kernels start at a band
-        k_.matmul(v, p.lo, p.hi, m.x, m.n, m.ldx, m.y, m.ldy);
+        if (lo % kPanelRows) v.panels = nullptr;  // panel kernels start at a band
+        k_.matmul(v, lo, hi, m.x, m.n, m.ldx, m.y, m.ldy);
     };
-    if (parts.size() <= 1 || work < (1 << 16)) {
-        for (const Part& p : parts) run(p);
+    if (work < (1 << 16)) {
+        for (size_t j = 0; j < J; ++j) run(int(j), rows[j].lo, rows[j].hi);
         return;
     }
-    model_->pool.run(int(parts.size()), [&](int t, int) { run(parts[t]); });
+    model_->pool.run_rows(rows.data(), int(J), run);
 }
 
 void V4Context::rope(float* v, int dim, const float* f, int pos, bool inverse) const {

@@ -1,5 +1,7 @@
 #include "threadpool.h"
 
+#include <algorithm>
+
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 static inline void cpu_relax() { _mm_pause(); }
@@ -27,7 +29,7 @@ static inline unsigned enter_ftz() { return 0; }
 static inline void leave_ftz(unsigned) {}
 #endif
 
-ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
+ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads), shares_(size_t(n_threads_)) {
     for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
 }
 
@@ -100,6 +102,55 @@ void ThreadPool::run(int n_tasks, const Task& fn) {
         else std::this_thread::yield();
     }
     claim_.store((gen << 32) | kClosed);  // late workers find nothing to claim
+}
+
+void ThreadPool::run_shares(int64_t n_units, int64_t min_chunk, const Range& fn) {
+    if (n_units <= 0) return;
+    const int nt = int(std::min<int64_t>(n_threads_, n_units));
+    if (nt == 1) return run(1, [&](int, int) { fn(0, n_units); });  // run() sets the FPU mode
+    auto pack = [](uint64_t next, uint64_t end) { return next << 32 | end; };
+    for (int t = 0; t < nt; ++t) shares_[t].span.store(pack(n_units * t / nt, n_units * (t + 1) / nt));
+    run(nt, [&](int task, int) {
+        std::atomic<uint64_t>& own = shares_[task].span;
+        for (;;) {
+            uint64_t s = own.load();
+            while (uint32_t(s >> 32) < uint32_t(s)) {  // the front of our share
+                const uint32_t next = uint32_t(s >> 32), end = uint32_t(s), left = end - next;
+                const uint32_t take = std::min<uint32_t>(left, std::max<uint32_t>(uint32_t(min_chunk), left / 4));
+                if (own.compare_exchange_weak(s, pack(next + take, end))) {
+                    fn(next, next + take);
+                    s = own.load();
+                }
+            }
+            bool stole = false;  // the back half of the first share with units left
+            for (int k = 1; k < nt && !stole; ++k) {
+                std::atomic<uint64_t>& other = shares_[(task + k) % nt].span;
+                uint64_t o = other.load();
+                while (uint32_t(o >> 32) < uint32_t(o)) {
+                    const uint32_t next = uint32_t(o >> 32), end = uint32_t(o), cut = end - (end - next + 1) / 2;
+                    if (other.compare_exchange_weak(o, pack(next, cut))) {
+                        own.store(pack(cut, end));  // ours is empty: nobody else writes it now
+                        stole = true;
+                        break;
+                    }
+                }
+            }
+            if (!stole) return;
+        }
+    });
+}
+
+void ThreadPool::run_rows(const Rows* jobs, int n_jobs, const RowRange& fn) {
+    auto units = [&](int j) { return (jobs[j].hi - jobs[j].lo + jobs[j].gran - 1) / jobs[j].gran; };
+    int64_t total = 0;
+    for (int j = 0; j < n_jobs; ++j) total += units(j);
+    run_shares(total, 1, [&](int64_t u0, int64_t u1) {
+        for (int64_t j = 0, start = 0; j < n_jobs && start < u1; start += units(int(j)), ++j) {
+            const Rows& r = jobs[j];
+            const int64_t a = std::max(u0, start), b = std::min(u1, start + units(int(j)));
+            if (a < b) fn(int(j), r.lo + (a - start) * r.gran, std::min(r.hi, r.lo + (b - start) * r.gran));
+        }
+    });
 }
 
 }  // namespace zen5

@@ -8,6 +8,9 @@ import numpy.typing as npt
 
 _F32: TypeAlias = npt.NDArray[np.float32]
 
+# ThreadPool::run_shares on a pool of `threads`: the (u0, u1, ran_on_caller) ranges it ran; the
+# calling thread sleeps caller_us microseconds per unit, the workers not at all
+def pool_shares(threads: int, n_units: int, min_chunk: int, caller_us: int = 0) -> list[tuple[int, int, bool]]: ...
 # (hash_bytes(data, seed), the same hash fed in pieces of `piece` bytes): the fingerprint's streaming
 def hash_pieces(data: bytes, seed: int, piece: int) -> tuple[int, int]: ...
 # y (n, rows) = x (n, cols) W^T, W rows of GGML type `type` in w's bytes
