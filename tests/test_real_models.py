@@ -243,6 +243,42 @@ def test_the_roofs_are_the_best_of_probes_at_the_start_and_the_end(tmp_path, mon
     assert seen == {1: {"read_dram_gbps": 37.0, "int8_gops": 330.0}}
 
 
+def test_the_dram_roof_is_probed_again_after_every_block(tmp_path, monkeypatch):
+    """Between the repetitions' blocks (every type and thread count) the DRAM read is probed again
+    and the roof is the highest read of the run: probes at the start and the end only (15.6 / 29.0
+    GB/s) left a 1.7B Q8_0 decode at 2 threads (29.6 GB/s) above its roof."""
+    import roofline
+
+    starts = iter([{"read_dram_gbps": 25.0, "int8_gops": 330.0}, {"read_dram_gbps": 28.0, "int8_gops": 300.0}])
+    between = iter([30.0, 41.0, 33.0, 35.0])
+    monkeypatch.setattr(roofline, "measure", lambda threads, tier: next(starts))
+    monkeypatch.setattr(roofline, "dram_read", lambda threads, tier: next(between))
+
+    class Engine:
+        name = "zen5"
+
+        def __init__(self, *args):
+            pass
+
+        def block(self, path, threads, tests):
+            return {"build": "b", "isa": "avx2", "secs": {"tg128": 1.0}, "load_s": 0.1, "rss_peak": 1,
+                    "rss_after": 1, "kv_bytes": 0}
+
+    monkeypatch.setattr(real_bench, "Zen5Block", Engine)
+    cfg = _parse("--model-size", "tiny", "--threads", "1", "--peers", "", "--types", "Q4_0,Q8_0", "--repeat", "2",
+                 "--models-dir", str(tmp_path / "models"), "--out", str(tmp_path / "out"))
+    run = real_bench.RealRun(cfg, log=lambda m: None)
+    run.tier = "avx2"  # whatever this CPU has: the probes are faked
+    for q in ("Q4_0", "Q8_0"):
+        (tmp_path / f"{q}.gguf").write_bytes(b"x")
+    monkeypatch.setattr(real_bench.real_models, "ensure", lambda shape, q, models_dir, log: tmp_path / f"{q}.gguf")
+    seen = {}
+    monkeypatch.setattr(run, "_write", lambda: seen.update(run.roofs) or {})
+    run.execute()
+    assert run.dram_probes == {1: [30.0, 41.0, 33.0, 35.0]}  # 2 repetitions x 2 types
+    assert seen == {1: {"read_dram_gbps": 41.0, "int8_gops": 330.0}}
+
+
 def test_the_cached_load_finds_the_cache_file_in_the_page_cache(tmp_path, monkeypatch):
     """zen5's cached load runs after the cache file, which the first load wrote, has been read
     through once, as the peer's GGUF is warm: under memory pressure the write left part of an 8B
