@@ -232,7 +232,9 @@ def render_real(path: Path, rows: list[dict]) -> str:
                        + f"1-minute load average {ld} at the start)" for rid, c, isa, ld in runs)
            + f"; {'/'.join(reps)} repetitions (medians, tokens/s), steal {steal:.1f}% of CPU time. "
            f"*roof*: decode GB/s (tok/s x the matrices' bytes, read once per token) over the DRAM read "
-           f"bandwidth measured in the same run at the same thread count; prefill GOP/s (2 x matmul "
+           f"bandwidth measured in the same run at the same thread count (the highest of its probes: "
+           f"at the start and the end, and from 2026-12-05T23:02 on after every block of a type and "
+           f"thread count too); prefill GOP/s (2 x matmul "
            f"parameters per token) over the tier's int8 peak (BF16: the fp32 FMA peak).", ""]
     out += ["| model | weights | threads | test | zen5 | " + " | ".join(lbl for _, lbl in peers) + " | zen5 of roof |",
             "|---|---|---:|---|---:|" + "---:|" * len(peers) + "---:|"]
