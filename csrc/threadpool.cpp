@@ -145,10 +145,12 @@ void ThreadPool::run_rows(const Rows* jobs, int n_jobs, const RowRange& fn) {
     int64_t total = 0;
     for (int j = 0; j < n_jobs; ++j) total += units(j);
     run_shares(total, 1, [&](int64_t u0, int64_t u1) {
-        for (int64_t j = 0, start = 0; j < n_jobs && start < u1; start += units(int(j)), ++j) {
+        int64_t start = 0;  // job j's first unit
+        for (int j = 0; j < n_jobs && start < u1; ++j) {
             const Rows& r = jobs[j];
-            const int64_t a = std::max(u0, start), b = std::min(u1, start + units(int(j)));
-            if (a < b) fn(int(j), r.lo + (a - start) * r.gran, std::min(r.hi, r.lo + (b - start) * r.gran));
+            const int64_t end = start + units(j), a = std::max(u0, start), b = std::min(u1, end);
+            if (a < b) fn(j, r.lo + (a - start) * r.gran, std::min(r.hi, r.lo + (b - start) * r.gran));
+            start = end;
         }
     });
 }
