@@ -17,8 +17,8 @@
 // Q8_0 u ^ 0x80, Q4_0 q - 8, MXFP4 2 x e2m1; Q4_1 unsigned q), then every 16-token tile of the
 // batch multiplies it: per block one tile load of the tokens' 32 quants (QuantAct keeps a block's
 // tokens side by side, 32 bytes apart), one TDP into a zeroed accumulator tile, one tile store,
-// and the scale epilog from the stored int32 sums, overlapped with the next blocks' products
-// (token_tile). Batches below 16 tokens, and the last n % 16 tokens of a batch, run the AVX-512
+// then the scale epilogs from the stored int32 sums, a chunk of blocks at a time (token_tile).
+// Batches below kMinTokens tokens, and the last n % 16 tokens of a batch, run the AVX-512
 // kernel. On the Xeon this was written on, 1 thread, 256 tokens, 14336 x 4096 / 4096 x 14336:
 // Q4_0 351 / 350 -> 409 / 478 GOP/s, Q4_1 ~340 / ~350 -> 341-375 / 367-402, Q8_0 372 / 380 ->
 // 388 / 442; 8B Q4_1 pp512 23.2 -> 25.3-26.1 tok/s. Without the epilog the tiles alone ran at
@@ -27,6 +27,11 @@
 // not reproduce: 512-token prefills alternated in one process, AMX vs AVX-512 tok/s, 1.7B Q4_0
 // 115 / 114 (1 thread), 209 / 213 (2), Q4_1 104 / 105, Q8_0 106 / 117 and 216 / 233; 8B Q8_0
 // 27.6 / 28.2. Both give the same bits, so which is faster is a question of the host only.
+// What bounds it: the per-block scales need every block's 16 x 16 sums out of the tile unit, and
+// on that VM a tile store took ~17 cycles, a TDP ~16, the epilog of a block ~28 on the vector
+// ports, with no vector load running while a tile store is in flight (token_tile); the TDP
+// itself is a small part, and its rate moved by 2x from minute to minute (the tile unit seems
+// shared with the host's other guests, as a core's SMT sibling would share it).
 #include <immintrin.h>
 
 #include "kernels.h"
@@ -131,49 +136,43 @@ __attribute__((always_inline)) inline void epilog(__m512 (&f)[kTok], const int32
 // Group g's rows against tokens [t0, t0 + 16) over blocks [b0, b1) (bimg: their B images). The
 // float sums start from part unless b0 == 0 and go back there unless b1 is the last block, as in
 // the AVX-512 tile, so the order of the float steps is the same.
-// Blocks go in quads, one accumulator tile each, in three phases: the next quad's products, this
-// quad's epilogs (from memory), the next quad's tile stores. Tile instructions interleaved with
-// vector work ran no faster than the AVX-512 tile: a standalone loop of tile store + epilog took
-// 19.7 ns per block, the store alone 4.8 and the epilog alone 6.6; grouped, 4 stores then 4
-// epilogs took 11.9, and the three phases 16.6 with the products (whose 16-cycle TDPs run on the
-// tile unit meanwhile). Tiles have no register renaming, so the next quad's products reuse the two
-// A and B tiles only after the TDP before them read theirs.
+// Blocks go in chunks of kChunkBlocks, in two phases: every block's products on the tile unit,
+// each stored to its own slot of c, then the epilogs from c in block order. On the Xeon this was
+// measured on, a vector load does not run while a tile store is in flight (a loop of 4 tile
+// stores and 64 independent loads took the sum of their two times, where tile stores beside FMAs,
+// or TDPs beside loads, overlapped), so the epilogs, whose sums are loads, cannot hide behind the
+// next blocks' stores; the former schedule (the next quad's products, this quad's epilogs, the next
+// quad's stores) ran about 100 cycles per block, near the sum of the two phases plus the waits of
+// each quad's loads on the stores before them. Two phases per chunk, alternated in one process
+// (1 thread, 512 tokens, GOP/s): 4096 x 4096 Q8_0 444 -> 493, MXFP4 448 -> 491, 4096 x 14336
+// Q4_1 399 -> 435, MXFP4 439 -> 489; 32 and 128 tokens +7-21%; 1.7B Llama prefill of 512 tokens
+// Q4_0 +13.8% / +3.3% (1 / 2 threads), Q8_0 +10.3% / +15.1%. c stays in L1: tile stores to a
+// buffer beyond it took 61-65 cycles each against 17 (standalone loop).
+constexpr int kChunkBlocks = 8;
 template <int TYPE>
 void token_tile(const PackedWeights& w, int64_t g, const QuantAct& x, int t0, const int8_t* bimg, int64_t b0,
                 int64_t b1, float* y, int64_t ldy, __mmask16 rows, float* part) {
-    alignas(64) int32_t c[4][kTok * 16];
+    alignas(64) int32_t c[kChunkBlocks][kTok * 16];
     __m512 f[kTok];  // in registers: every loop over f is unrolled (else GCC keeps f in memory)
 #pragma GCC unroll 16
     for (int i = 0; i < kTok; ++i) f[i] = b0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(part + 16 * i);
     const int8_t* img = bimg - b0 * int64_t(kBTile);  // block b's image at img + b * kBTile
-    // (macros, not lambdas or a loop over the quad: GCC then kept f in memory, reloading and
-    // storing it around every quad's epilogs, which made them 4x slower behind the tile stores)
-#define ZEN5_QUAD_PRODUCTS(b)                                       \
-    do {                                                            \
-        ZEN5_PRODUCTS(0, 4, 6, (b));                                \
-        if ((b) + 1 < b1) ZEN5_PRODUCTS(1, 5, 7, (b) + 1);          \
-        if ((b) + 2 < b1) ZEN5_PRODUCTS(2, 4, 6, (b) + 2);          \
-        if ((b) + 3 < b1) ZEN5_PRODUCTS(3, 5, 7, (b) + 3);          \
-    } while (0)
-#define ZEN5_QUAD_STORES(b)                                         \
-    do {                                                            \
-        _tile_stored(0, c[0], 64);                                  \
-        if ((b) + 1 < b1) _tile_stored(1, c[1], 64);                \
-        if ((b) + 2 < b1) _tile_stored(2, c[2], 64);                \
-        if ((b) + 3 < b1) _tile_stored(3, c[3], 64);                \
-    } while (0)
-    ZEN5_QUAD_PRODUCTS(b0);
-    ZEN5_QUAD_STORES(b0);
-    for (int64_t b = b0; b < b1; b += 4) {
-        if (b + 4 < b1) ZEN5_QUAD_PRODUCTS(b + 4);
-        epilog<TYPE>(f, c[0], w, g, b, x, t0);
-        if (b + 1 < b1) epilog<TYPE>(f, c[1], w, g, b + 1, x, t0);
-        if (b + 2 < b1) epilog<TYPE>(f, c[2], w, g, b + 2, x, t0);
-        if (b + 3 < b1) epilog<TYPE>(f, c[3], w, g, b + 3, x, t0);
-        if (b + 4 < b1) ZEN5_QUAD_STORES(b + 4);
+    for (int64_t bs = b0; bs < b1; bs += kChunkBlocks) {
+        const int64_t be = bs + kChunkBlocks < b1 ? bs + kChunkBlocks : b1;
+        // four blocks at a time, one accumulator tile each: tiles have no register renaming, so a
+        // quad's products reuse the A and B tiles only after the TDP before them read theirs
+        for (int64_t b = bs; b < be; b += 4) {
+            ZEN5_PRODUCTS(0, 4, 6, b);
+            if (b + 1 < be) ZEN5_PRODUCTS(1, 5, 7, b + 1);
+            if (b + 2 < be) ZEN5_PRODUCTS(2, 4, 6, b + 2);
+            if (b + 3 < be) ZEN5_PRODUCTS(3, 5, 7, b + 3);
+            _tile_stored(0, c[b - bs], 64);
+            if (b + 1 < be) _tile_stored(1, c[b + 1 - bs], 64);
+            if (b + 2 < be) _tile_stored(2, c[b + 2 - bs], 64);
+            if (b + 3 < be) _tile_stored(3, c[b + 3 - bs], 64);
+        }
+        for (int64_t b = bs; b < be; ++b) epilog<TYPE>(f, c[b - bs], w, g, b, x, t0);
     }
-#undef ZEN5_QUAD_PRODUCTS
-#undef ZEN5_QUAD_STORES
 #pragma GCC unroll 16
     for (int i = 0; i < kTok; ++i)
         if (b1 == w.blocks) _mm512_mask_storeu_ps(y + (t0 + i) * ldy + g * 16, rows, f[i]);
