@@ -324,29 +324,30 @@ class DeepSeekV4Run:
         llama = self.llama(path, tier)
         try:
             for t in self.threads:
-                before = roofline.measure(t, tier)
-                log(f"roofline {t}t: DRAM read {before['read_dram_gbps']:.1f} GB/s, "
-                    f"int8 {roofline.int8_peak(before):.0f} GOP/s")
-                args = [sys.executable, __file__, "--child", str(path), str(t), ",".join(map(str, self.depths)),
-                        str(self.gen), str(self.repeat), str(cache), tier]
-                env = dict(os.environ, **({"ZEN5_FORCE_ISA": cfg.isa} if cfg.isa else {}))
-                proc = subprocess.run(args, capture_output=True, text=True, env=env)
-                if proc.returncode:
-                    raise RuntimeError(f"the {t}-thread child failed:\n{proc.stderr[-3000:]}")
-                results[t] = json.loads(proc.stdout.strip().splitlines()[-1])
-                r = results[t]
-                log(f"{t}t: loaded in {r['load_s']:.1f} s (weight cache: {r['weight_cache']['status']}), "
-                    f"then all routed experts packed ({r['expert_bytes'] / 1e9:.1f} GB) in {r['experts_s']:.1f} s")
-                if llama:
-                    peer[t] = self.llama_times(llama, t)
-                # probed again after the work, the higher of each figure kept (roofline.best_of):
-                # one probe taken in a slow window of this shared VM read an int8 peak of 190
-                # GOP/s at 1 thread where others read 320, and would have overstated every
-                # prefill fraction by 1.7x (the decode fractions use the probes around each
-                # repetition instead)
-                roofs[t] = roofline.best_of(before, roofline.measure(t, tier))
-                log(f"roofline {t}t, best of the probes before and after: DRAM read "
-                    f"{roofs[t]['read_dram_gbps']:.1f} GB/s, int8 {roofline.int8_peak(roofs[t]):.0f} GOP/s")
+                with harness.pinned(t):  # a 1-thread child, its probes and the peer's run on one CPU
+                    before = roofline.measure(t, tier)
+                    log(f"roofline {t}t: DRAM read {before['read_dram_gbps']:.1f} GB/s, "
+                        f"int8 {roofline.int8_peak(before):.0f} GOP/s")
+                    args = [sys.executable, __file__, "--child", str(path), str(t), ",".join(map(str, self.depths)),
+                            str(self.gen), str(self.repeat), str(cache), tier]
+                    env = dict(os.environ, **({"ZEN5_FORCE_ISA": cfg.isa} if cfg.isa else {}))
+                    proc = subprocess.run(args, capture_output=True, text=True, env=env)
+                    if proc.returncode:
+                        raise RuntimeError(f"the {t}-thread child failed:\n{proc.stderr[-3000:]}")
+                    results[t] = json.loads(proc.stdout.strip().splitlines()[-1])
+                    r = results[t]
+                    log(f"{t}t: loaded in {r['load_s']:.1f} s (weight cache: {r['weight_cache']['status']}), "
+                        f"then all routed experts packed ({r['expert_bytes'] / 1e9:.1f} GB) in {r['experts_s']:.1f} s")
+                    if llama:
+                        peer[t] = self.llama_times(llama, t)
+                    # probed again after the work, the higher of each figure kept (roofline.best_of):
+                    # one probe taken in a slow window of this shared VM read an int8 peak of 190
+                    # GOP/s at 1 thread where others read 320, and would have overstated every
+                    # prefill fraction by 1.7x (the decode fractions use the probes around each
+                    # repetition instead)
+                    roofs[t] = roofline.best_of(before, roofline.measure(t, tier))
+                    log(f"roofline {t}t, best of the probes before and after: DRAM read "
+                        f"{roofs[t]['read_dram_gbps']:.1f} GB/s, int8 {roofline.int8_peak(roofs[t]):.0f} GOP/s")
         finally:
             shutil.rmtree(cache, ignore_errors=True)
         rows = self.rows(run_id, results, roofs, bench_config(self.experts), peer, llama)

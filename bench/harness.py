@@ -68,9 +68,11 @@ Real model sizes: python -m zen5 bench --model-size 1.7b --wait-quiet 20 (then -
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
 import json
+import os
 import statistics
 import sys
 import time
@@ -178,6 +180,27 @@ def wait_until_quiet(minutes: float, threshold: float, log) -> float:
     if quiet < 2:
         log(f"load average still {now:.2f} after {minutes:g} min: running anyway")
     return now
+
+
+@contextlib.contextmanager
+def pinned(threads: int):
+    """1-thread work on one fixed CPU, the lowest-numbered this process may use; other thread
+    counts as they are. The 2-vCPU VMs these runs are recorded on did not give both vCPUs the same
+    speed: the same 1-thread 512-token prefill (1.7B Q4_0, zen5, fresh processes, alternating)
+    ran at 99-111 tok/s pinned to CPU 0 and 64-92 pinned to CPU 1, so a fresh 1-thread process
+    measured whichever vCPU the scheduler gave it (zen5's prefill in one recorded run: 60, 104 and
+    69 tok/s), and two engines compared in one run could be on different ones. Child processes
+    (engines, llama-bench, the roofline probes) inherit the affinity, so inside this block every
+    1-thread measurement runs on the same CPU."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if threads != 1 or len(allowed) < 2:
+        yield
+        return
+    os.sched_setaffinity(0, {allowed[0]})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, set(allowed))
 
 
 def best_tier(tiers: list[tuple[str, str]]) -> str:

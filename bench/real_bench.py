@@ -314,7 +314,8 @@ class RealRun:
         steal0 = harness.cpu_ticks()
         if self.tier != "ref":
             for t in cfg.threads:
-                self.roofs[t] = roofline.measure(t, self.tier)
+                with harness.pinned(t):
+                    self.roofs[t] = roofline.measure(t, self.tier)
                 self.log(f"roofline {t}t: DRAM read {self.roofs[t]['read_dram_gbps']:.1f} GB/s")
         n_ctx = max(max(cfg.prompts), cfg.gen + 1, 64 + 1)
         cache_dir = tempfile.mkdtemp(prefix="zen5-bench-arena-")  # removed at the end: arenas are GBs
@@ -327,7 +328,8 @@ class RealRun:
             # other modes): a start probe of 25.1 GB/s at 2 threads, where the same VM read 36.8
             # an hour earlier, put an 8B decode at 118% of its "roof"
             for t in cfg.threads:
-                self.roofs[t] = roofline.best_of(self.roofs[t], roofline.measure(t, self.tier))
+                with harness.pinned(t):
+                    self.roofs[t] = roofline.best_of(self.roofs[t], roofline.measure(t, self.tier))
                 probes = self.dram_probes.get(t, [])
                 self.log(f"roofline {t}t, best of the probes before, after and between the blocks "
                          f"({', '.join(f'{g:.1f}' for g in probes) or 'none between'}): DRAM read "
@@ -348,37 +350,43 @@ class RealRun:
             for q in self.types:
                 size = os.path.getsize(self.files[q])
                 for threads in cfg.threads:
-                    k = rep % len(engines)
-                    for eng in engines[k:] + engines[:k]:
-                        key = (eng.name, q, threads)
-                        if key in self.failed:
-                            continue
-                        if size > 0.9 * mem_available():
-                            self.failed[key] = (f"the {size / 1e9:.1f} GB file does not fit in the "
-                                                f"{mem_available() / 1e9:.1f} GB of available memory")
-                            self.log(f"{eng.name} {q} {threads}t: skipped: {self.failed[key]}")
-                            continue
-                        try:
-                            res = eng.block(self.files[q], threads, tests)
-                        except Exception as e:  # one engine's failure costs only its own rows
-                            self.failed[key] = str(e).replace("\n", " ")[:300]
-                            self.log(f"{eng.name} {q} {threads}t failed: {self.failed[key]}")
-                            continue
-                        self.describe.setdefault(key, (res["build"], res["isa"]))
-                        self.loads.setdefault(key, []).append(res)
-                        for test, dt in res["secs"].items():
-                            self.samples.setdefault(key + (test,), []).append(dt)
-                        if "first" in res:
-                            f = res["first"]
-                            self.log(f"{eng.name} {q} {threads}t: first load {f['load_s']:.2f} s, peak RSS "
-                                     f"{f['rss_peak'] / 1e9:.2f} GB; cached load, arena on huge pages after "
-                                     f"{res['promote_s']:.2f} s more")
-                        self.log(f"{eng.name} {q} {threads}t: load {res['load_s']:.2f} s, peak RSS "
-                                 f"{res['rss_peak'] / 1e9:.2f} GB, after {res['rss_after'] / 1e9:.2f} GB; "
-                                 + ", ".join(f"{t} {n_tokens(t) / s:.1f} tok/s" for t, s in res["secs"].items()))
-                    self._probe_dram(threads)
+                    with harness.pinned(threads):  # every engine's 1-thread block, and its probe, on one CPU
+                        self._block(engines, rep, q, threads, size, tests)
             self.log(f"repetition {rep + 1}/{cfg.repeat} done in {time.time() - t_rep:.0f} s "
                      f"(load {harness.load1():.2f})")
+
+    def _block(self, engines: list, rep: int, q: str, threads: int, size: int, tests: list[str]) -> None:
+        """Each engine once on type q at `threads` (in an order rotated per repetition), then a
+        DRAM probe."""
+        k = rep % len(engines)
+        for eng in engines[k:] + engines[:k]:
+            key = (eng.name, q, threads)
+            if key in self.failed:
+                continue
+            if size > 0.9 * mem_available():
+                self.failed[key] = (f"the {size / 1e9:.1f} GB file does not fit in the "
+                                    f"{mem_available() / 1e9:.1f} GB of available memory")
+                self.log(f"{eng.name} {q} {threads}t: skipped: {self.failed[key]}")
+                continue
+            try:
+                res = eng.block(self.files[q], threads, tests)
+            except Exception as e:  # one engine's failure costs only its own rows
+                self.failed[key] = str(e).replace("\n", " ")[:300]
+                self.log(f"{eng.name} {q} {threads}t failed: {self.failed[key]}")
+                continue
+            self.describe.setdefault(key, (res["build"], res["isa"]))
+            self.loads.setdefault(key, []).append(res)
+            for test, dt in res["secs"].items():
+                self.samples.setdefault(key + (test,), []).append(dt)
+            if "first" in res:
+                f = res["first"]
+                self.log(f"{eng.name} {q} {threads}t: first load {f['load_s']:.2f} s, peak RSS "
+                         f"{f['rss_peak'] / 1e9:.2f} GB; cached load, arena on huge pages after "
+                         f"{res['promote_s']:.2f} s more")
+            self.log(f"{eng.name} {q} {threads}t: load {res['load_s']:.2f} s, peak RSS "
+                     f"{res['rss_peak'] / 1e9:.2f} GB, after {res['rss_after'] / 1e9:.2f} GB; "
+                     + ", ".join(f"{t} {n_tokens(t) / s:.1f} tok/s" for t, s in res["secs"].items()))
+        self._probe_dram(threads)
 
     def _probe_dram(self, threads: int) -> None:
         """The DRAM read roof probed again right after every block of decodes: this VM's memory

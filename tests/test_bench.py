@@ -439,3 +439,24 @@ def test_report_calls_out_noisy_rows_of_a_tier_run(tmp_path):
     text = report.render(tmp_path)
     assert ("Noisy rows: in 1 of 4 results the fastest repetition was more than 2x the slowest "
             "(llama.cpp AVX2 Q4_1 1t tg128: 4.0-110). The machine was shared (1-minute load average 1.7") in text
+
+
+def test_one_thread_blocks_run_pinned_to_one_cpu():
+    """harness.pinned: 1-thread work runs on the lowest-numbered CPU this process may use (child
+    processes inherit it: a fresh 1-thread process otherwise measured whichever vCPU it landed on),
+    other thread counts keep the whole set, and the set comes back afterwards, also after an error."""
+    allowed = os.sched_getaffinity(0)
+    inherited = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+    with harness.pinned(1):
+        inside = os.sched_getaffinity(0)
+        child = subprocess.run(inherited, capture_output=True, text=True, check=True).stdout.strip()
+    assert os.sched_getaffinity(0) == allowed
+    if len(allowed) > 1:
+        assert inside == {min(allowed)} and child == f"[{min(allowed)}]"
+    else:
+        assert inside == allowed
+    with harness.pinned(2):
+        assert os.sched_getaffinity(0) == allowed
+    with pytest.raises(RuntimeError), harness.pinned(1):
+        raise RuntimeError("a failed block")
+    assert os.sched_getaffinity(0) == allowed
