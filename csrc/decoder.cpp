@@ -105,7 +105,7 @@ void Context::matmuls(std::initializer_list<MatJob> jobs, int n) {
             while (a < n_acts && quantized[a] != j.x) ++a;
             if (a == n_acts) {
                 const int64_t cols = j.w->cols;
-                for_tokens(n, [&](int t0, int t1) {
+                model_->pool.run_items(n, [&](int64_t t0, int64_t t1) {
                     k_.quantize_act(j.x + t0 * cols, t1 - t0, cols, n, act_q_[a].data() + t0 * QK, act_d_[a].data() + t0,
                                     act_c_[a].data() + t0, act_ds_[a].data() + t0);
                 });
@@ -133,17 +133,6 @@ void Context::matmuls(std::initializer_list<MatJob> jobs, int n) {
         const WeightView& w = *job.w;
         if (act_of[jj] >= 0) k_.matmul_int8(*w.packed, r0, r1, acts[act_of[jj]], n, job.y, w.rows);
         else k_.matmul(w, r0, r1, job.x, n, w.cols, job.y, w.rows);
-    });
-}
-
-void Context::for_tokens(int n, const std::function<void(int, int)>& fn) {
-    // Per-token work (norms, RoPE, residual adds, activation quantization) is split over the
-    // threads for a prefill chunk; for a decoded token a dispatch would cost more than the work.
-    const int nt = model_->pool.size();
-    if (n < 8 || nt == 1) return fn(0, n);
-    model_->pool.run(nt, [&](int part, int) {
-        const int t0 = n * part / nt, t1 = n * (part + 1) / nt;
-        if (t0 < t1) fn(t0, t1);
     });
 }
 
@@ -193,7 +182,7 @@ void Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
     float *X = x_.data(), *XB = xb_.data();
     for (int l = 0; l < c.n_layer; ++l) {
         const Layer& L = m.layers[l];
-        for_tokens(n, [&](int t0, int t1) {  // (previous layer's residual add,) xb = norm(x)
+        model_->pool.run_items(n, [&](int64_t t0, int64_t t1) {  // (previous layer's residual add,) xb = norm(x)
             for (int t = t0; t < t1; ++t) {
                 if (l > 0) k_.add(X + size_t(t) * E, XB + size_t(t) * E, E);
                 k_.rmsnorm(X + size_t(t) * E, L.attn_norm, E, c.rms_eps, XB + size_t(t) * E);
@@ -203,7 +192,7 @@ void Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
                  {&L.wk, XB, kx_.data()},    // (n, KV)
                  {&L.wv, XB, vx_.data()}},   // (n, KV)
                 n);
-        for_tokens(n, [&](int t0, int t1) {
+        model_->pool.run_items(n, [&](int64_t t0, int64_t t1) {
             for (int t = t0; t < t1; ++t) {
                 float *q = q_.data() + size_t(t) * Q, *k = kx_.data() + size_t(t) * KV, *v = vx_.data() + size_t(t) * KV;
                 if (L.bq) { k_.add(q, L.bq, Q); k_.add(k, L.bk, KV); k_.add(v, L.bv, KV); }
@@ -222,7 +211,7 @@ void Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
         });
         attention(l, n);                            // att: (n, Q)
         matmuls({{&L.wo, att_.data(), XB}}, n);    // (n, E)
-        for_tokens(n, [&](int t0, int t1) {  // x += attention; xb = norm(x)
+        model_->pool.run_items(n, [&](int64_t t0, int64_t t1) {  // x += attention; xb = norm(x)
             for (int t = t0; t < t1; ++t) {
                 k_.add(X + size_t(t) * E, XB + size_t(t) * E, E);
                 k_.rmsnorm(X + size_t(t) * E, L.ffn_norm, E, c.rms_eps, XB + size_t(t) * E);
@@ -231,7 +220,7 @@ void Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
         matmuls({{&L.gate, XB, gate_.data()},     // (n, F)
                  {&L.up, XB, up_.data()}},        // (n, F)
                 n);
-        for_tokens(n, [&](int t0, int t1) {
+        model_->pool.run_items(n, [&](int64_t t0, int64_t t1) {
             for (int t = t0; t < t1; ++t)
                 k_.swiglu(gate_.data() + size_t(t) * F, up_.data() + size_t(t) * F, F, gate_.data() + size_t(t) * F);
         });

@@ -69,7 +69,6 @@ class Context {
     void matmuls(std::initializer_list<MatJob> jobs, int n);
     void rope_table(int n);                                             // rope_cs_ for the chunk
     void apply_rope(float* v, int n_heads, const float* cs) const;
-    void for_tokens(int n, const std::function<void(int, int)>& fn);   // fn(t0, t1) over parts
 
     std::shared_ptr<const Model> model_;
     const Kernels& k_;

@@ -28,6 +28,16 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 // torch.nn.functional.softplus (beta 1, threshold 20)
 float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+// y[d] = sum over j < h, in order from 0, of w[j] x[j * n + d]: a pass per j over contiguous
+// rows, so it vectorizes (a loop over j innermost did not)
+void weighted_sum(const float* w, const float* x, int h, int n, float* y) {
+    for (int d = 0; d < n; ++d) y[d] = 0.0f;
+    for (int j = 0; j < h; ++j) {
+        const float wj = w[j], *xj = x + size_t(j) * n;
+        for (int d = 0; d < n; ++d) y[d] += wj * xj[d];
+    }
+}
+
 void unweighted_rms(float* x, int n, float eps) {
     float ss = 0.0f;
     for (int i = 0; i < n; ++i) ss += x[i] * x[i];
@@ -245,9 +255,10 @@ void V4Context::matmuls(const std::vector<MatJob>& jobs) {
         const size_t o = act[j];
         qa[j] = QuantAct{act_q_.data() + o * QK, act_d_.data() + o, act_c_.data() + o, act_ds_.data() + o, m.w->cols, m.n};
         if (!first[j]) continue;
-        for (int t = 0; t < m.n; ++t)  // token t's block b at b * n + t
+        items(m.n, [&](int t) {  // token t's block b at b * n + t
             k_.quantize_act(m.x + t * m.ldx, 1, m.w->cols, m.n, act_q_.data() + (o + t) * QK, act_d_.data() + o + t,
                             act_c_.data() + o + t, act_ds_.data() + o + t);
+        });
     }
     // the jobs' rows shared out among the threads as the llama decoder's (Context::matmuls,
     // ThreadPool::run_rows): whole 16-row group pairs, or 64-row bands for float weights
@@ -289,13 +300,13 @@ void V4Context::hc_pre(const V4Hc& hc, int n, float* post, float* comb, float* c
     const V4Config& c = model_->cfg;
     const int H = c.hc_mult, D = c.hidden, HD = H * D, M = (2 + H) * H;
     float* normed = tmp2_.data();
-    for (int t = 0; t < n; ++t) {
+    items(n, [&](int t) {
         std::memcpy(normed + size_t(t) * HD, X_.data() + size_t(t) * HD, sizeof(float) * HD);
         unweighted_rms(normed + size_t(t) * HD, HD, c.rms_eps);
-    }
+    });
     float* mix = tmp_.data();
     matmul(hc.fn, normed, n, HD, mix, M);
-    for (int t = 0; t < n; ++t) {
+    items(n, [&](int t) {
         const float* m = mix + size_t(t) * M;
         float pre[16], cm[16 * 16];
         for (int j = 0; j < H; ++j) {
@@ -329,31 +340,27 @@ void V4Context::hc_pre(const V4Hc& hc, int n, float* post, float* comb, float* c
         }
         std::memcpy(comb + size_t(t) * H * H, cm, sizeof(float) * H * H);
         const float* x = X_.data() + size_t(t) * HD;
-        float* y = collapsed + size_t(t) * D;
-        for (int d = 0; d < D; ++d) {
-            float s = 0.0f;
-            for (int j = 0; j < H; ++j) s += pre[j] * x[j * D + d];
-            y[d] = s;
-        }
-    }
+        weighted_sum(pre, x, H, D, collapsed + size_t(t) * D);
+    });
 }
 
 void V4Context::hc_post(const float* out, const float* post, const float* comb, int n) {
     // new stream k = post[k] * out + sum over j of comb[j][k] * old stream j (comb transposed)
     const V4Config& c = model_->cfg;
     const int H = c.hc_mult, D = c.hidden;
-    float* old = tmp2_.data();  // scratch of hc * hidden floats (hc_pre's normed rows are spent)
-    for (int t = 0; t < n; ++t) {
+    items(n, [&](int t) {
+        float* old = tmp2_.data() + size_t(t) * H * D;  // scratch (hc_pre's normed rows are spent)
         float* x = X_.data() + size_t(t) * H * D;
         std::memcpy(old, x, sizeof(float) * H * D);
-        const float* cm = comb + size_t(t) * H * H;
-        for (int k = 0; k < H; ++k)
-            for (int d = 0; d < D; ++d) {
-                float s = 0.0f;
-                for (int j = 0; j < H; ++j) s += cm[j * H + k] * old[size_t(j) * D + d];
-                x[size_t(k) * D + d] = post[t * H + k] * out[size_t(t) * D + d] + s;
-            }
-    }
+        const float *cm = comb + size_t(t) * H * H, *o = out + size_t(t) * D;
+        for (int k = 0; k < H; ++k) {
+            float w[16], *xk = x + size_t(k) * D;
+            for (int j = 0; j < H; ++j) w[j] = cm[j * H + k];
+            weighted_sum(w, old, H, D, xk);
+            const float p = post[t * H + k];
+            for (int d = 0; d < D; ++d) xk[d] = p * o[d] + xk[d];
+        }
+    });
 }
 
 void V4Context::compress(int l, const V4Compressor& cp, bool indexer, int n, const float* kv, float* gate) {
@@ -449,27 +456,26 @@ void V4Context::attention(int l, int n, const float* x, float* out) {
     matmuls(in);
     // Q: weighted norm of the low rank, up (and the indexer's queries), per-head unweighted norm,
     // RoPE on each head's tail
-    for (int t = 0; t < n; ++t) k_.rmsnorm(qa_.data() + size_t(t) * c.q_rank, L.q_norm, c.q_rank, c.rms_eps, qa_.data() + size_t(t) * c.q_rank);
+    items(n, [&](int t) { k_.rmsnorm(qa_.data() + size_t(t) * c.q_rank, L.q_norm, c.q_rank, c.rms_eps, qa_.data() + size_t(t) * c.q_rank); });
     std::vector<MatJob> up{{&L.wq_b, qa_.data(), n, c.q_rank, q_.data(), qd}};
     if (r == 4) up.push_back({&L.iwq_b, qa_.data(), n, c.q_rank, iq_.data(), IH * id});
     matmuls(up);
-    for (int t = 0; t < n; ++t)
+    items(n, [&](int t) {
         for (int h = 0; h < H; ++h) {
             float* qh = q_.data() + size_t(t) * qd + size_t(h) * hd;
             unweighted_rms(qh, hd, c.rms_eps);
             rope(qh, hd, f, n_past_ + t, false);
         }
-    // KV: one shared head, weighted norm, RoPE, FP8 simulation of the non-rope part
-    for (int t = 0; t < n; ++t) {
+        // KV: one shared head, weighted norm, RoPE, FP8 simulation of the non-rope part
         float* row = s.raw.data() + size_t(n_past_ + t) * hd;
         k_.rmsnorm(kv_.data() + size_t(t) * hd, L.kv_norm, hd, c.rms_eps, row);
         rope(row, hd, f, n_past_ + t, false);
         if (qat_) v4_fp8_sim(row, hd - rd, 64);
-    }
+    });
     if (r) compress(l, L.comp, false, n, ckv_.data(), cg_.data());
     if (r == 4) {
         compress(l, L.icomp, true, n, ikv, ig);
-        for (int t = 0; t < n; ++t)
+        items(n, [&](int t) {
             for (int h = 0; h < IH; ++h) {
                 float* qh = iq_.data() + (size_t(t) * IH + h) * id;
                 rope(qh, id, model_->freq_compress.data(), n_past_ + t, false);
@@ -478,6 +484,7 @@ void V4Context::attention(int l, int n, const float* x, float* out) {
                     v4_fp4_sim(qh, id, 32);
                 }
             }
+        });
     }
     // Which compressed rows each token sees: ratio 128 all complete windows, ratio 4 the
     // indexer's top-k of them (sum over heads of w_h relu(q_h . k_s) / sqrt(id)), ascending.
@@ -622,7 +629,7 @@ void V4Context::moe(int l, int n, const int32_t* tokens, const float* x, float* 
     matmul(L.gate, x, n, D, rlog_.data(), E);
     std::vector<int> ids(size_t(n) * K);
     std::vector<float> wts(size_t(n) * K);
-    for (int t = 0; t < n; ++t) {
+    items(n, [&](int t) {
         float* sc = rlog_.data() + size_t(t) * E;
         for (int e = 0; e < E; ++e) sc[e] = std::sqrt(softplus(sc[e]));
         int* id = ids.data() + size_t(t) * K;
@@ -642,17 +649,18 @@ void V4Context::moe(int l, int n, const int32_t* tokens, const float* x, float* 
         int32_t* rec = experts_.data() + (size_t(rec_off_ + t) * c.n_layers + l) * K;
         std::copy(id, id + K, rec);
         std::sort(rec, rec + K);
-    }
+    });
     auto swiglu = [&](int m) {  // ffn_g_ = silu(min(g, limit)) * clamp(u, -limit, limit)
         const float lim = c.swiglu_limit;
-        for (size_t i = 0; i < size_t(m) * F; ++i) {
-            if (lim > 0) {
-                ffn_g_[i] = std::min(ffn_g_[i], lim);
-                ffn_u_[i] = std::min(std::max(ffn_u_[i], -lim), lim);
-            }
-        }
-        for (int t = 0; t < m; ++t)
-            k_.swiglu(ffn_g_.data() + size_t(t) * F, ffn_u_.data() + size_t(t) * F, F, ffn_g_.data() + size_t(t) * F);
+        items(m, [&](int t) {
+            float *g = ffn_g_.data() + size_t(t) * F, *u = ffn_u_.data() + size_t(t) * F;
+            if (lim > 0)
+                for (int i = 0; i < F; ++i) {
+                    g[i] = std::min(g[i], lim);
+                    u[i] = std::min(std::max(u[i], -lim), lim);
+                }
+            k_.swiglu(g, u, F, g);
+        });
     };
     std::fill(out, out + size_t(n) * D, 0.0f);
     std::vector<int> used(ids);
@@ -683,6 +691,7 @@ void V4Context::moe(int l, int n, const int32_t* tokens, const float* x, float* 
         size_t b1 = b0, rows = 0;
         while (b1 < uses.size() && (b1 == b0 || rows + uses[b1].who.size() <= size_t(kChunk))) rows += uses[b1++].who.size();
         std::vector<MatJob> upj, downj;
+        std::vector<std::pair<size_t, int>> copies;  // (row of xs, token)
         size_t r = 0;
         for (size_t i = b0; i < b1; ++i) {
             const Use& u = uses[i];
@@ -691,8 +700,7 @@ void V4Context::moe(int l, int n, const int32_t* tokens, const float* x, float* 
             bool all = m == n;
             for (int j = 0; all && j < m; ++j) all = u.who[j].first == j;
             if (!all) {
-                for (int j = 0; j < m; ++j)
-                    std::memcpy(xs + (r + j) * D, x + size_t(u.who[j].first) * D, sizeof(float) * D);
+                for (int j = 0; j < m; ++j) copies.push_back({r + j, u.who[j].first});
                 xi = xs + r * D;
             }
             upj.push_back({u.w1, xi, m, D, ffn_g_.data() + r * F, F});
@@ -700,13 +708,26 @@ void V4Context::moe(int l, int n, const int32_t* tokens, const float* x, float* 
             downj.push_back({u.w2, ffn_g_.data() + r * F, m, F, ys + r * D, D});
             r += m;
         }
+        items(int(copies.size()), [&](int i) {
+            std::memcpy(xs + copies[i].first * D, x + size_t(copies[i].second) * D, sizeof(float) * D);
+        });
         matmuls(upj);
         swiglu(int(rows));
         matmuls(downj);
+        // each token's rows of the batch (ascending, so in use order), then its sums over the threads
+        std::vector<int> start(size_t(n) + 1, 0);
+        for (size_t i = b0; i < b1; ++i)
+            for (const auto& tw : uses[i].who) ++start[size_t(tw.first) + 1];
+        for (int t = 0; t < n; ++t) start[size_t(t) + 1] += start[size_t(t)];
+        std::vector<std::pair<size_t, float>> mine(rows);  // (row of ys, weight) by token
+        std::vector<int> fill(start.begin(), start.end() - 1);
         r = 0;
-        for (size_t i = b0; i < b1; ++i) {
-            for (const auto& [t, w] : uses[i].who) k_.axpy(w, ys + (r++) * D, out + size_t(t) * D, D);
-        }
+        for (size_t i = b0; i < b1; ++i)
+            for (const auto& [t, w] : uses[i].who) mine[size_t(fill[size_t(t)]++)] = {r++, w};
+        items(n, [&](int t) {
+            for (int i = start[size_t(t)]; i < start[size_t(t) + 1]; ++i)
+                k_.axpy(mine[size_t(i)].second, ys + mine[size_t(i)].first * D, out + size_t(t) * D, D);
+        });
         b0 = b1;
     }
 }
@@ -732,12 +753,12 @@ void V4Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
     for (int l = 0; l < c.n_layers; ++l) {
         const V4Layer& L = m.layers[l];
         hc_pre(L.hc_attn, n, post_.data(), comb_.data(), col_.data());
-        for (int t = 0; t < n; ++t) k_.rmsnorm(col_.data() + size_t(t) * D, L.attn_norm, D, c.rms_eps, xn_.data() + size_t(t) * D);
+        items(n, [&](int t) { k_.rmsnorm(col_.data() + size_t(t) * D, L.attn_norm, D, c.rms_eps, xn_.data() + size_t(t) * D); });
         attention(l, n, xn_.data(), out_.data());
         hc_post(out_.data(), post_.data(), comb_.data(), n);
         lap(stage_s_[2 * l]);
         hc_pre(L.hc_ffn, n, post_.data(), comb_.data(), col_.data());
-        for (int t = 0; t < n; ++t) k_.rmsnorm(col_.data() + size_t(t) * D, L.ffn_norm, D, c.rms_eps, xn_.data() + size_t(t) * D);
+        items(n, [&](int t) { k_.rmsnorm(col_.data() + size_t(t) * D, L.ffn_norm, D, c.rms_eps, xn_.data() + size_t(t) * D); });
         moe(l, n, tokens, xn_.data(), out_.data());
         hc_post(out_.data(), post_.data(), comb_.data(), n);
         lap(stage_s_[2 * l + 1]);

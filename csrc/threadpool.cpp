@@ -140,6 +140,13 @@ void ThreadPool::run_shares(int64_t n_units, int64_t min_chunk, const Range& fn)
     });
 }
 
+void ThreadPool::run_items(int64_t n, const Range& fn) {
+    if (n <= 0) return;
+    // inline through run() too, so that the items see the same FPU mode whatever their count
+    if (n < kMinItems || n_threads_ == 1) return run(1, [&](int, int) { fn(0, n); });
+    run_shares(n, 1, fn);
+}
+
 void ThreadPool::run_rows(const Rows* jobs, int n_jobs, const RowRange& fn) {
     auto units = [&](int j) { return (jobs[j].hi - jobs[j].lo + jobs[j].gran - 1) / jobs[j].gran; };
     int64_t total = 0;

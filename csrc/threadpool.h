@@ -40,6 +40,14 @@ class ThreadPool {
     using Range = std::function<void(int64_t u0, int64_t u1)>;
     void run_shares(int64_t n_units, int64_t min_chunk, const Range& fn);
 
+    // Per-item work of a prefill chunk (norms, RoPE, activation quantization, elementwise steps,
+    // a token at a time): fn(i0, i1) over parts of [0, n) as run_shares, or on the caller alone
+    // below kMinItems items or with one thread, where a dispatch would cost more than the work (a
+    // decoded token); either way in run()'s FPU mode. Items must not depend on each other: any
+    // split gives the same results.
+    static constexpr int64_t kMinItems = 8;
+    void run_items(int64_t n, const Range& fn);
+
     // run_shares over the rows of several matrices laid end to end in whole granules: job j's
     // rows [lo, hi) in granules of gran rows from lo (the last one may be short). fn(j, r0, r1)
     // runs a range's part of job j; a range may end one job and start the next.

@@ -177,6 +177,16 @@ def test_chunked_prefill_and_decode_across_boundaries_equal_one_prefill(engine, 
     assert np.array_equal(np.concatenate(rows), whole[:pos])
 
 
+def test_prefill_gives_the_same_bits_at_any_thread_count(engine, ckpt, tokens):
+    """A prefill chunk's per-token steps (norms, RoPE, the hyper-connections, activation
+    quantization, routing, the QAT simulations, the experts' sums) run over the threads
+    (ThreadPool::run_items); a token's numbers must not depend on how many there are."""
+    want = context(engine, qat=True).eval(tokens[:300], True)
+    for threads in (1, 3):
+        other = Engine(load_deepseek_v4_dir(ckpt, require_tokenizer=False), threads=threads, n_ctx=512, qat=True)
+        assert np.array_equal(other.native_ctx.eval(tokens[:300], True), want), threads
+
+
 @pytest.mark.parametrize("qat", [False, True])
 def test_rewind_to_random_positions_then_refeed_equals_the_uninterrupted_run(engine, tokens, qat):
     whole = context(engine, qat=qat).eval(tokens, True)
