@@ -384,7 +384,7 @@ void V4Context::compress(int l, const V4Compressor& cp, bool indexer, int n, con
     std::vector<float>& kvs = indexer ? s.ikv : s.ckv;
     std::vector<float>& gs = indexer ? s.igate : s.cgate;
     const int base = s.base;
-    std::vector<float> row(hd), wts(2 * r), out(indexer ? hd : 0);
+    std::vector<int> closing;  // positions whose window closes in this chunk
     for (int t = 0; t < n; ++t) {
         const int p = n_past_ + t;
         float* g = gate + size_t(t) * W;
@@ -392,7 +392,23 @@ void V4Context::compress(int l, const V4Compressor& cp, bool indexer, int n, con
         kvs.insert(kvs.end(), kv + size_t(t) * W, kv + size_t(t + 1) * W);
         gs.insert(gs.end(), g, g + W);
         if ((p + 1) % r) continue;
-        const int w = (p + 1) / r - 1, start = w * r;
+        closing.push_back(p);
+        if (r == 4 && (p + 1) % kBlock == 0) {
+            // the inputs of the 4 positions before a block boundary: the overlap a rewind that
+            // rebuilds the next block starts from
+            std::vector<float>& e = s.edge.size() > size_t((p + 1) / kBlock) ? s.edge[(p + 1) / kBlock]
+                                                                              : s.edge.emplace_back();
+            if (!indexer) e.clear();
+            const size_t first = size_t(p - 3 - base) * W;
+            e.insert(e.end(), kvs.begin() + first, kvs.begin() + first + 4 * W);
+            e.insert(e.end(), gs.begin() + first, gs.begin() + first + 4 * W);
+        }
+    }
+    // the closed windows' rows, over the threads (each reads only the inputs appended above)
+    items(int(closing.size()), [&](int i) {
+        const int p = closing[size_t(i)], w = (p + 1) / r - 1, start = w * r;
+        thread_local std::vector<float> row, wts, out;
+        row.resize(size_t(hd)), wts.resize(size_t(2 * r)), out.resize(size_t(hd));
         // slots: (position, channel offset); ratio 4 puts the previous window's first half first
         int sp[16], so[16], ns = 0;
         if (r == 4) {
@@ -428,17 +444,7 @@ void V4Context::compress(int l, const V4Compressor& cp, bool indexer, int n, con
         }
         if (indexer)
             for (int ch = 0; ch < hd; ++ch) s.idx[key_tile_index(w, ch, hd)] = dst[ch];
-        if (r == 4 && (p + 1) % kBlock == 0) {
-            // the inputs of the 4 positions before a block boundary: the overlap a rewind that
-            // rebuilds the next block starts from
-            std::vector<float>& e = s.edge.size() > size_t((p + 1) / kBlock) ? s.edge[(p + 1) / kBlock]
-                                                                              : s.edge.emplace_back();
-            if (!indexer) e.clear();
-            const size_t first = size_t(p - 3 - base) * W;
-            e.insert(e.end(), kvs.begin() + first, kvs.begin() + first + 4 * W);
-            e.insert(e.end(), gs.begin() + first, gs.begin() + first + 4 * W);
-        }
-    }
+    });
 }
 
 void V4Context::attention(int l, int n, const float* x, float* out) {
@@ -684,12 +690,13 @@ void V4Context::moe(int l, int n, const int32_t* tokens, const float* x, float* 
     std::vector<Use> uses;
     for (int e : used) {
         const V4Expert& X = model_->expert(l, e);
-        Use u{&X.w1, &X.w3, &X.w2, {}};
-        for (int t = 0; t < n; ++t)
-            for (int k = 0; k < K; ++k)
-                if (ids[size_t(t) * K + k] == e) u.who.push_back({t, wts[size_t(t) * K + k]});
-        if (!u.who.empty()) uses.push_back(std::move(u));
+        uses.push_back({&X.w1, &X.w3, &X.w2, {}});
     }
+    for (int t = 0; t < n; ++t)  // each expert's tokens in order, one pass (used is sorted)
+        for (int k = 0; k < K; ++k) {
+            const size_t u = size_t(std::lower_bound(used.begin(), used.end(), ids[size_t(t) * K + k]) - used.begin());
+            uses[u].who.push_back({t, wts[size_t(t) * K + k]});
+        }
     uses.push_back({&L.sw1, &L.sw3, &L.sw2, {}});
     for (int t = 0; t < n; ++t) uses.back().who.push_back({t, 1.0f});
     // Experts in batches of at most kChunk token rows (the scratch's), each batch's up projections
