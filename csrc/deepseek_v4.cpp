@@ -287,13 +287,16 @@ void V4Context::matmuls(const std::vector<MatJob>& jobs) {
         for (size_t j = 0; j < J; ++j) run(int(j), rows[j].lo, rows[j].hi);
         return;
     }
-    if (J == 1 && !jobs[0].w->packed && rows[0].hi - rows[0].lo <= kPanelRows) {
-        // one band of float rows (the hyper-connections' 24-row mixes): a single unit for
-        // run_rows, so one thread would do it all; the tokens split instead (a token's sums do
-        // not depend on its batch)
+    const int64_t bands = (rows[0].hi - rows[0].lo + kPanelRows - 1) / kPanelRows;
+    if (J == 1 && !jobs[0].w->packed && bands < model_->pool.size() && jobs[0].n >= ThreadPool::kMinItems) {
+        // fewer bands of float rows than threads (the hyper-connections' 24-row mixes are one):
+        // run_rows would leave threads without a unit (one thread did a mix whole), so a
+        // prefill's tokens split instead (a token's sums do not depend on its batch)
         const MatJob& m = jobs[0];
+        WeightView v = *m.w;
+        if (rows[0].lo % kPanelRows) v.panels = nullptr;  // as in run
         model_->pool.run_items(m.n, [&](int64_t t0, int64_t t1) {
-            k_.matmul(*m.w, rows[0].lo, rows[0].hi, m.x + t0 * m.ldx, int(t1 - t0), m.ldx, m.y + t0 * m.ldy, m.ldy);
+            k_.matmul(v, rows[0].lo, rows[0].hi, m.x + t0 * m.ldx, int(t1 - t0), m.ldx, m.y + t0 * m.ldy, m.ldy);
         });
         return;
     }
