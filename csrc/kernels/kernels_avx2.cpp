@@ -206,7 +206,11 @@ static void q8_prepare(const PackedWeights& w, int64_t k, int64_t b0, int nb, ui
 // part (token t at t * 8) unless first, and goes to out (y) if final, else back to part. With a
 // and m loaded once per step for all NT tokens, a step costs per token a broadcast, vpxor,
 // vpmaddubsw, vpmaddwd and vpaddd: 6 tokens (12 accumulators with the float sums) fit the 16
-// registers and measured faster than 4 (commit message).
+// registers and measured faster than 4 (commit message). On the Zen 3 the vpxor costs: a
+// microbenchmark of this loop without it ran ~20% faster, but moving the sign to vpshufb (8
+// bytes x, ~x per step broadcast, an index per row picking either) made a 1-thread Q8_0 pp512 of
+// SmolLM2-135M slower, 355 vs 401 tok/s alternating in one process; 4 or 5 tokens per tile were no
+// faster than 6 there either.
 template <int NT>
 void q8_prep_tile(const uint8_t* buf, int nb, int64_t b0, const QuantAct& x, int t0, float* out, int64_t ldy,
                   int last_rows, float* part, bool first, bool final) {
