@@ -68,6 +68,7 @@ for p in (HERE, ROOT / "tests"):
         sys.path.insert(0, str(p))
 
 from results_log import commit, cpu_name  # noqa: E402
+from workload import wait_promoted  # noqa: E402
 
 KINDS = (0, 4, 128)  # the bench model's layers, one of each compress ratio
 PREFILL = 512
@@ -258,8 +259,7 @@ def child(path: str, threads: int, depths: list[int], gen: int, repeat: int, cac
     t0 = time.time()
     eng.native.prepare_all_experts()
     experts_s = time.time() - t0
-    while not eng.weight_cache["promoted"]:  # a mapped arena moves onto huge pages first (weight_cache.py)
-        time.sleep(0.1)
+    wait_promoted(eng)
     ctx, cfg = eng.native_ctx, eng.native
     stream = bench_stream(eng.config.vocab_size, max(depths) + PREFILL + gen)
     out = {"load_s": load_s, "experts_s": experts_s, "expert_bytes": eng.native.expert_bytes_total,

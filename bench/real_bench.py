@@ -70,7 +70,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import real_models  # noqa: E402
-from workload import WARMUP, fixed_text, n_tokens, time_test  # noqa: E402
+from workload import WARMUP, fixed_text, n_tokens, time_test, wait_promoted  # noqa: E402
 
 REAL_REPEAT = 3  # the default repetitions of this mode (a 8B block takes minutes)
 REAL_COLUMNS = ("run_id", "date", "commit", "cpu", "workload", "engine", "build", "isa", "model_size", "model",
@@ -177,8 +177,7 @@ def worker(spec: dict) -> dict:
         out.update(arena_bytes=int(eng.native.weight_bytes), load_threads=load_threads,
                    fresh_gbps=fresh_memory_gbps(load_threads))
     if spec["tests"]:
-        while not eng.weight_cache["promoted"]:  # the tests time the arena on huge pages
-            time.sleep(0.01)
+        wait_promoted(eng)
         out["promote_s"] = time.perf_counter() - t3
         tokens = eng.tokenizer.encode(fixed_text())
         eos = sorted(eng.tokenizer.eos_ids)

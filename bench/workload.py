@@ -95,6 +95,13 @@ def n_tokens(test: str) -> int:
     return int(test[2:])
 
 
+def wait_promoted(eng) -> None:
+    """Returns once a mapped weight cache has moved onto huge pages (a background thread of
+    weight_cache.py does it after the load): every bench times the arena where it stays."""
+    while not eng.weight_cache["promoted"]:
+        time.sleep(0.01)
+
+
 class Zen5Runner:
     """One zen5 Engine per (quant, threads), sharing each quant's loaded weights."""
 
@@ -114,10 +121,7 @@ class Zen5Runner:
             if quant not in self.weights:
                 self.weights[quant] = load_weights(model_path(quant))
             eng = Engine(self.weights[quant], threads=threads, n_ctx=self.max_tokens, isa=self.isa)
-            # a mapped weight cache moves onto huge pages in a background thread (weight_cache.py); the
-            # tests time the arena where it stays, as real_bench.py and dsv4_bench.py do
-            while not eng.weight_cache["promoted"]:
-                time.sleep(0.05)
+            wait_promoted(eng)
             self.engines[key] = eng
         return self.engines[key]
 
