@@ -34,8 +34,8 @@ each engine's block being:
              test, so it has not begun to free anything; it is killed there). llama-bench has no
              load-time figure of its own and llama-cli is not built (build_peers.sh builds only
              llama-bench). Then the tests through llama-bench as in the peers mode, same file.
-Both engines read their files from the page cache: each block reads the GGUF through first,
-untimed (runs before 2026-12-06T13:00 relied on it staying warm after the first block).
+Both engines read their files from the page cache: the GGUF is read through, untimed, before
+each engine's block (from commit c427490 on; before, it was assumed warm after the first block).
 
 Decode bytes per token: the bytes the matmuls read per decoded token, the sum of the matrices'
 bytes in the file (the output head once; an untied token_embd is a row lookup and not counted).
@@ -201,11 +201,6 @@ class Zen5Block:
         """The first load (no cache: packs, writes it), then a load from the cache and the tests."""
         for f in Path(self.cache_dir).iterdir():
             f.unlink()
-        # The GGUF read through first, untimed, for both engines: on a machine with little more
-        # memory than twice an 8B Q8_0 file, the blocks before evict it, and a first load that
-        # found it on disk took 33.8 s (1 thread, 2026-12-06) where its arena's fresh memory
-        # accounts for 8.6 s, while the peer right after it loaded the now cached file in 9.6 s.
-        read_through(Path(path))
         first = self.child(path, threads, [])
         for f in Path(self.cache_dir).iterdir():  # into the page cache, as the peer's file is (module doc)
             read_through(f)
@@ -268,7 +263,6 @@ class LlamaBlock:
                     first_token_s=json.loads(line)["avg_ns"] / 1e9)
 
     def block(self, path: str, threads: int, tests: list[str]) -> dict:
-        read_through(Path(path))  # from the page cache, as zen5's first load reads it (Zen5Block.block)
         res = self.probe(path, threads)
         res["secs"] = self.bench.run("", threads, [], tests, model=path) if tests else {}
         res["build"], res["isa"] = self.bench.describe("", threads)
@@ -375,6 +369,11 @@ class RealRun:
                 self.log(f"{eng.name} {q} {threads}t: skipped: {self.failed[key]}")
                 continue
             try:
+                # every engine loads the GGUF from the page cache: on a machine with little more
+                # memory than twice an 8B Q8_0 file the blocks before evict it, and a zen5 first
+                # load that found it on disk took 33.8 s (its arena's fresh memory: 8.6 s) while
+                # llama.cpp right after it loaded the now cached file in 9.6 s (2026-12-06)
+                read_through(Path(self.files[q]))
                 res = eng.block(self.files[q], threads, tests)
             except Exception as e:  # one engine's failure costs only its own rows
                 self.failed[key] = str(e).replace("\n", " ")[:300]
