@@ -100,7 +100,7 @@ void Context::attention(int layer, int n) {
     a.n_splits_max = (n_ctx_ + kSplit - 1) / kSplit, a.pstride = a.hd + 2;
     a.ldp = int64_t(a.n_splits_max) * a.pstride;
     // scores in base-2 units: softmax_partial and the merge use exp2 (kernels.h)
-    const float scale = 1.4426950408889634f / std::sqrt(float(a.hd));
+    const float scale = kLog2e / std::sqrt(float(a.hd));
     const ReaderBase b{c.kv_dim(), a.hd, scale, kSplit, a.ldp};
     const uint8_t *K = cache_.keys(layer), *V = cache_.values(layer);
     switch (cache_.type()) {

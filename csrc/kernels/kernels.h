@@ -179,6 +179,9 @@ inline size_t value_q8_index(int64_t pos, int64_t channel, int64_t kv_dim) {
 // cache store and both kernel tables, so every path quantizes to the same bytes.
 float quantize_s8(const float* x, int n, int8_t* q, int32_t* sum);
 
+// log2(e): attention scales its scores by it so that softmax_partial's exp2 computes e^x
+constexpr float kLog2e = 1.4426950408889634f;
+
 struct Kernels {
     const char* name;
     // y[t*ldy + r] = dot(W[r, :], x[t*ldx : t*ldx + cols]) for r in [r0, r1), t in [0, n).
