@@ -75,6 +75,21 @@ def test_logits_match_transformers_at_every_position(engine, reference, tokens, 
     assert np.array_equal(got.argmax(axis=1), reference.argmax(axis=1))
 
 
+@pytest.mark.parametrize("isa", TIERS)
+def test_a_head_size_not_a_multiple_of_4_matches_transformers(tmp_path, isa):
+    """Head size 70 (RoPE 6): the attention gather copies rows and key tiles 4 channels at a time,
+    then the last 2 one by one (csrc/deepseek_v4.cpp); 300 tokens close the window and the ratio-4
+    layers' indexer selects."""
+    ckpt = make_checkpoint(tmp_path / "hd70", overrides={"head_dim": 70, "qk_rope_head_dim": 6}, shards=1)
+    tokens = [int(t) for t in margin_tokens(n=300)]
+    reference = oracle_logits(load_oracle(ckpt), tokens)
+    engine = Engine(load_deepseek_v4_dir(ckpt, require_tokenizer=False), threads=2, n_ctx=512, qat=False)
+    got = context(engine, isa).eval(tokens, True)
+    bound = 2e-4 * np.maximum(1.0, np.abs(reference).max(axis=1))
+    assert np.all(np.abs(got - reference).max(axis=1) <= bound)
+    assert np.array_equal(got.argmax(axis=1), reference.argmax(axis=1))
+
+
 def with_qat(model):
     """transformers' model with the official QAT simulations (tests/dsv4_qat.py) hooked in: FP8 on
     the non-RoPE part of every KV row and compressed row (after the norm; RoPE leaves that part
