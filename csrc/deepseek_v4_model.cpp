@@ -326,12 +326,18 @@ void v4_fp8_sim(float* x, int n, int block) {
 
 void v4_fp4_sim(float* x, int n, int block) {
     // e2m1: {0, .5, 1, 1.5} spacing .5, {2, 3} spacing 1, {4, 6} spacing 2; |x / scale| <= 6.
+    // The scale and the steps are powers of two, so dividing by one is multiplying by its
+    // reciprocal, exactly; a / step < 4 rounds half to even by adding and subtracting 2^23
+    // (nearbyint's result in the default rounding mode, without its library call: the indexer's
+    // queries take 8192 of these per token and ratio-4 layer; 16 -> 12 ns a value, Zen 3).
+    constexpr float kRound = 0x1p23f;
     for (int b = 0; b < n; b += block) {
         const float s = block_scale(x + b, block, 6.0f, 6.0f * 0x1p-126f);  // the smallest normal scale
+        const float inv = 1.0f / s;                                         // s <= 2^126: normal
         for (int i = b; i < b + block; ++i) {
-            const float a = std::fabs(x[i] / s);
+            const float a = std::fabs(x[i]) * inv;
             const float step = a < 2.0f ? 0.5f : a < 4.0f ? 1.0f : 2.0f;
-            const float q = std::min(std::nearbyint(a / step) * step, 6.0f);
+            const float q = std::min(((a * (1.0f / step) + kRound) - kRound) * step, 6.0f);
             x[i] = (x[i] < 0 ? -q : q) * s;
         }
     }
