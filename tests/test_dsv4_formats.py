@@ -61,6 +61,25 @@ def test_mxfp4_matmul_is_exact_integer_arithmetic_on_every_tier(rows, n):
     assert np.abs(outs["ref"] - f32).max() <= 2e-2 * np.abs(f32).max()
 
 
+def test_mxfp4_matmul_at_the_int16_limits():
+    """Without VNNI the AVX2 tier multiplies u = 2 e2m1 + 12 (0..24) by the int8 activations
+    in int16 pairs (vpmaddubsw) and widens its sums to int32 every four steps: with every code
+    +-6 (u 24 or 0) against activations that all quantize to +-127, eight steps in int16 would
+    wrap. Every tier must still give the exact integer sums, for a decoded token and for tiles
+    of tokens."""
+    rng = np.random.default_rng(31)
+    rows, cols = 48, 256
+    packed = rng.choice(np.array([0x77, 0xFF, 0x7F, 0xF7, 0x77, 0x77], np.uint8), size=(rows, cols // 2))
+    scales = np.full((rows, cols // 32), 127, np.uint8)
+    for n in (1, 2, 7):
+        x = np.where(np.arange(n)[:, None] % 2 == 0, 1.0, -1.0).astype(np.float32) * np.ones((n, cols), np.float32)
+        exact = emulate(mxfp4_ints(packed.view(np.int8)), fmt.e8m0(scales) / 2, x)
+        assert np.abs(exact).max() > 0
+        for isa in ["ref", *FAST_TIERS]:
+            y = testing.kernel_matmul_int8(isa, TYPE_MXFP4, packed, rows, cols, x, scales)
+            assert np.abs(y - exact).max() <= 1e-5 * np.abs(exact).max(), (isa, n)
+
+
 @pytest.mark.parametrize("rows", [16, 37, 64])
 def test_mxfp4_packed_layout_whole_groups_or_row_by_row(rows):
     """A load packs whole 16-row groups of MXFP4 experts with SIMD (nibbles split, put back in
