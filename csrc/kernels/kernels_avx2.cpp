@@ -52,8 +52,8 @@ static inline __m256i bcast4(const int8_t* p) { return _mm256_set1_epi32(*reinte
 //             pays one vpmaddwd per (octet, token) per block, not one per vpmaddubsw
 //  Q8_0       stored as w + 128; flipped back to w, |w| is the unsigned operand and the
 //             activation takes w's sign (vpsignb), so a pair is at most 2 x 128 x 127
-// With VNNI: vpdpbusd on the stored bytes, as the AVX-512 tier (Q8_0's -128 sum q correction
-// starts the accumulator).
+// With VNNI: vpdpbusd on the stored bytes, as the AVX-512 tier. An unsigned operand u = w + z
+// (Q4_0 z = 8, MXFP4 12, Q8_0 with VNNI 128) is corrected per block by -z sum q.
 //  MXFP4      (DeepSeek V4's experts) the code becomes u = 2 e2m1 + 12 (0..24) through a vpshufb
 //             table, the unsigned operand as it is, and -12 sum q corrects the sum, as in the
 //             AVX-512 tier (the same integer sums, so the same bits). A pair is at most
@@ -94,8 +94,10 @@ void octet_tile(const PackedWeights& w, int64_t k0, const QuantAct& x, int t0, f
         __m256i acc[O][NT], acc32[O][NT];  // acc32: MXFP4's first four steps without VNNI
 #ifdef ZEN5_AVXVNNI
         constexpr bool i16 = false;
+        constexpr int zero_point = TYPE == GGML_Q4_0 ? 8 : fp4 ? 12 : TYPE == GGML_Q8_0 ? 128 : 0;  // stored w + 128
 #else
         constexpr bool i16 = q4;
+        constexpr int zero_point = TYPE == GGML_Q4_0 ? 8 : fp4 ? 12 : 0;  // Q8_0: |w| and the sign trick
 #endif
         for (int h = 0; h < O; ++h)
             for (int t = 0; t < NT; ++t) acc[h][t] = acc32[h][t] = _mm256_setzero_si256();
@@ -160,13 +162,9 @@ void octet_tile(const PackedWeights& w, int64_t k0, const QuantAct& x, int t0, f
                 __m256i sum = acc[h][t];
                 if constexpr (i16) sum = _mm256_madd_epi16(sum, _mm256_set1_epi16(1));
                 if constexpr (fp4 && i16) sum = _mm256_add_epi32(sum, acc32[h][t]);
-                // the zero points: Q4_0 -8 sum q (c / 16); MXFP4 -12 sum q (3 c / 32); Q8_0 with
-                // VNNI -128 sum q (c)
-                if constexpr (TYPE == GGML_Q4_0) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(xc[t] >> 4));
-                if constexpr (fp4) sum = _mm256_add_epi32(sum, _mm256_set1_epi32((xc[t] >> 5) * 3));
-#ifdef ZEN5_AVXVNNI
-                if constexpr (TYPE == GGML_Q8_0) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(xc[t]));
-#endif
+                // the unsigned operand's zero point z: sum (u - z) q = sum u q - z sum q, and
+                // c = -128 sum q, so the correction is z (c / 128), exact
+                if constexpr (zero_point != 0) sum = _mm256_add_epi32(sum, _mm256_set1_epi32((xc[t] >> 7) * zero_point));
                 f[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(wd, _mm256_set1_ps(xd[t])), f[h][t]);
                 if constexpr (TYPE == GGML_Q4_1) f[h][t] = _mm256_fmadd_ps(wm, _mm256_set1_ps(xds[t]), f[h][t]);
             }
