@@ -92,18 +92,19 @@ def proc_status(pid: int | str = "self") -> dict[str, int]:
 
 
 def fresh_memory_gbps(threads: int, n: int = 1 << 30) -> float:
-    """GB/s of first touching n bytes of fresh anonymous memory on huge pages, by `threads` threads
-    (the kernel zeroes each page; under a hypervisor that backs guest memory lazily the host
-    allocates it too): what a first load pays for every byte of its arena, whatever the packing
-    costs. numpy's strided store releases the GIL, so the threads fault in parallel."""
+    """GB/s of first touching n bytes of fresh anonymous memory on 4 KiB pages (as the arena is
+    packed, model.cpp), by `threads` threads (the kernel zeroes each page; under a hypervisor that
+    backs guest memory lazily the host allocates it too): what a first load pays for every byte of
+    its arena, whatever the packing costs. numpy's strided store releases the GIL, so the threads
+    fault in parallel."""
     import mmap
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
 
     mm = mmap.mmap(-1, n)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        mm.madvise(mmap.MADV_HUGEPAGE)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        mm.madvise(mmap.MADV_NOHUGEPAGE)
     a = np.frombuffer(mm, np.uint8)
     part = -(-n // threads // (2 << 20)) * (2 << 20)  # whole huge pages per thread
 
@@ -173,6 +174,9 @@ def worker(spec: dict) -> dict:
         out.update(cache_write_s=time.perf_counter() - t3, cache=eng.weight_cache["status"])
     if not spec["tests"]:  # the first load's child
         from zen5.engine import default_threads  # the threads that packed the arena (load_threads)
+
+        wait_promoted(eng)  # the packed arena's move onto huge pages, before the probe
+        out["promote_s"] = time.perf_counter() - t3
 
         load_threads = max(spec["threads"], default_threads())
         out.update(arena_bytes=int(eng.native.weight_bytes), load_threads=load_threads,
@@ -458,10 +462,12 @@ class RealRun:
                          f"{first[0]['arena_bytes'] / 1e9 / fresh:.2f} s at the {fresh:.2f} GB/s a fresh-memory "
                          f"probe ({first[0]['load_threads']} threads, as many as packed the arena) measured in "
                          "the same process after the load" if fresh and first[0].get("arena_bytes") else "")
+                moved = statistics.median(r.get("promote_s", 0.0) for r in first)
                 out.append(load_row(engine, q, threads, "load_first", first,
-                                    _split(first) + "; no weight cache: packs the weights, then writes the "
-                                    f"cache in the background, done {statistics.median(writes):.2f} s after the "
-                                    "first token" + floor))
+                                    _split(first) + "; no weight cache: packs the weights (on 4 KiB pages), then "
+                                    "writes the cache in the background, done "
+                                    f"{statistics.median(writes):.2f} s after the first token, and moves the arena "
+                                    f"onto huge pages, done {moved:.2f} s after it" + floor))
             out.append(load_row(engine, q, threads, "load", res, note))
         for (engine, q, threads), why in self.failed.items():
             out.append(dict(base(engine, q, threads, "failed"), note=why))

@@ -86,12 +86,21 @@ bool ArenaCache::map(uint8_t* arena, size_t reserved, size_t bytes, uint64_t see
     }
     fingerprint = t.fingerprint;
     set_status("hit");
-    done_ = false;
-    promoter_ = std::thread([this, arena, bytes] { promote(arena, bytes); });
+    start_promotion(arena, reserved, bytes);
     return true;
 #else
     (void)arena, (void)reserved, (void)bytes, (void)seed, (void)fingerprint;
     return false;
+#endif
+}
+
+void ArenaCache::start_promotion(uint8_t* arena, size_t reserved, size_t bytes) {
+#ifdef __linux__
+    if (reserved < bytes || promoter_.joinable()) return;  // heap memory (a tiny arena): left as it is
+    done_ = false;
+    promoter_ = std::thread([this, arena, bytes] { promote(arena, bytes); });
+#else
+    (void)arena, (void)reserved, (void)bytes;
 #endif
 }
 

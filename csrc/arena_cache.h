@@ -1,8 +1,9 @@
 // The weight arena kept on disk (issue 21: load time). Every matrix is repacked at load
 // (model.h: pack_and_hash), which needs fresh memory for a full copy of the weights; on a VM the
-// first touch of fresh anonymous memory runs at 0.4-2.5 s per GiB (page faults, huge-page
-// compaction), several times what llama.cpp's load costs, which maps the file's page-cache
-// pages and touches nothing new. So the first load writes the packed arena to a cache file, and
+// first touch of fresh anonymous memory runs at 0.6-3 s per GiB (the host backs guest memory
+// lazily; huge pages cost more than 4 KiB ones, so the packing touches 4 KiB pages: model.cpp),
+// several times what llama.cpp's load costs, which maps the file's page-cache pages and touches
+// nothing new. So the first load writes the packed arena to a cache file, and
 // later loads map that file over the arena's address range instead of packing: the same bytes at
 // the same addresses, in the page cache, with no pass over the source file.
 //
@@ -11,7 +12,8 @@
 // arena (measured: 1.7B BF16, 7.9 vs 8.9 tok/s). So once mapped, a background thread at low
 // priority copies the arena, a chunk at a time, into fresh huge-page memory and moves it over the
 // file mapping with mremap: the move is atomic for readers (a concurrent access sees the old or the
-// new page, with the same bytes), so decoding runs during it, from the first token on.
+// new page, with the same bytes), so decoding runs during it, from the first token on. A packed
+// arena (the first load, or no cache) is on 4 KiB pages too and moves the same way.
 //
 // The first load writes the file from a background thread at low priority, so the first token
 // does not wait for the disk: on an AMD EPYC Zen 3 VM, writing SmolLM2-1.7B's 0.92 GB Q4_0 arena
@@ -60,12 +62,16 @@ class ArenaCache {
     // writing allowed); the arena must stay unchanged until finish() or destruction.
     void write(const uint8_t* arena, size_t bytes, uint64_t seed, uint64_t fingerprint);
     void finish();  // waits until a write started by write() has ended
+    // Moves [arena, arena + bytes) onto huge pages in the background (the mapped cache, and a
+    // packed arena, which is on 4 KiB pages: model.cpp); `reserved` as for map(). The arena must
+    // stay unchanged from here on: the moved chunks are read-only.
+    void start_promotion(uint8_t* arena, size_t reserved, size_t bytes);
 
     // "off" | "hit" | "writing" | "written" | "not written: <why>"; `miss`: why an existing file
     // was not used
     std::string status() const;
     const std::string& miss() const { return miss_; }
-    bool promoted() const { return done_.load(); }  // true once the arena is all anonymous memory
+    bool promoted() const { return done_.load(); }  // true once the arena is all on huge-page memory
 
   private:
     void promote(uint8_t* arena, size_t bytes);

@@ -147,6 +147,7 @@ def test_model_size_run_end_to_end_writes_real_rows(tmp_path):
         assert x["model_size"] == "tiny" and x["weights"] == "random" and x["workload"] == "custom"
         if x["test"] == "load_first":
             assert "writes the cache" in x["note"]
+            assert re.search(r"moves the arena onto huge pages, done [0-9.]+ s after it", x["note"]), x["note"]
             assert re.search(r"arena alone: [0-9.]+ s at the [0-9.]+ GB/s a fresh-memory probe", x["note"]), x["note"]
         if x["test"] == "load":
             assert "from the weight cache, on huge pages after" in x["note"]

@@ -1,7 +1,7 @@
 """The packed-weight cache (zen5/weight_cache.py, csrc/arena_cache.h): the first load writes the
 arena in the background (a process that exits meanwhile waits for it), later loads map it and
 give bit-identical logits and the same fingerprint, moving it onto huge pages in the background
-while decoding; a corrupt, truncated or stale file is ignored and rewritten; a full disk or too
+while decoding (as a packed arena moves, which starts on 4 KiB pages); a corrupt, truncated or stale file is ignored and rewritten; a full disk or too
 little free space costs only the cache, never the load."""
 from __future__ import annotations
 
@@ -49,6 +49,9 @@ def model(tmp_path_factory):
 def reference(model):
     """Logits and fingerprint with the cache off."""
     e, lg = run(model, "off")
+    deadline = time.monotonic() + 30  # a packed arena moves onto huge pages too (model.cpp)
+    while not e.weight_cache["promoted"] and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert e.weight_cache == {"status": "off", "miss": "", "promoted": True}
     return lg, e.native.fingerprint
 
@@ -116,6 +119,25 @@ def test_decoding_during_the_promotion_reads_the_same_weights(smollm2_path, tmp_
         hit.native_ctx.rewind(0)
         hit.native_ctx.eval(prompt, True)
         np.testing.assert_array_equal(np.asarray(hit.native_ctx.logits()), want)
+
+
+def test_a_packed_arena_moves_onto_huge_pages_while_decoding(smollm2_path):
+    """Without a cache file the arena is packed on 4 KiB pages (a faster first touch) and then
+    moved in the background: decode reads the same weights during the move and after it."""
+    prompt = list(range(100, 164))
+    e = Engine(load_weights(smollm2_path), threads=1, n_ctx=128, weight_cache="off")
+    assert not e.weight_cache["promoted"]  # 100 MB: the move has just begun
+    e.native_ctx.eval(prompt, True)
+    want = np.asarray(e.native_ctx.logits()).copy()
+    deadline = time.monotonic() + 120
+    while not e.weight_cache["promoted"] and time.monotonic() < deadline:
+        e.native_ctx.rewind(0)
+        e.native_ctx.eval(prompt, True)
+        np.testing.assert_array_equal(np.asarray(e.native_ctx.logits()), want)
+    assert e.weight_cache["promoted"]
+    e.native_ctx.rewind(0)
+    e.native_ctx.eval(prompt, True)
+    np.testing.assert_array_equal(np.asarray(e.native_ctx.logits()), want)
 
 
 @pytest.mark.parametrize("damage, why", [
