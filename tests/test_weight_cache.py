@@ -1,8 +1,9 @@
 """The packed-weight cache (zen5/weight_cache.py, csrc/arena_cache.h): the first load writes the
 arena in the background (a process that exits meanwhile waits for it), later loads map it and
 give bit-identical logits and the same fingerprint, moving it onto huge pages in the background
-while decoding (as a packed arena moves, which starts on 4 KiB pages); a corrupt, truncated or stale file is ignored and rewritten; a full disk or too
-little free space costs only the cache, never the load."""
+while decoding (as a packed arena moves, which starts on 4 KiB pages); a corrupt, truncated or
+stale file is ignored and rewritten; a full disk or too little free space costs only the cache,
+never the load."""
 from __future__ import annotations
 
 import os
