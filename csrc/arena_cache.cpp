@@ -1,6 +1,7 @@
 #include "arena_cache.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "model.h"
@@ -33,6 +34,22 @@ uint64_t trailer_check(const Trailer& t) { return hash_bytes(&t, offsetof(Traile
 
 std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 }  // namespace
+
+bool transparent_huge_pages() {
+#ifdef __linux__
+    static const bool on = [] {
+        char buf[128] = {};
+        FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+        if (!f) return false;
+        const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+        std::fclose(f);
+        return n > 0 && !std::strstr(buf, "[never]");
+    }();
+    return on;
+#else
+    return false;
+#endif
+}
 
 ArenaCache::~ArenaCache() {
     finish();

@@ -46,6 +46,10 @@ struct CacheSpec {
     bool write = true;
 };
 
+// Whether this system gives transparent huge pages to a region advised for them
+// (/sys/kernel/mm/transparent_hugepage/enabled is not "never"); read once.
+bool transparent_huge_pages();
+
 class ArenaCache {
   public:
     explicit ArenaCache(const CacheSpec& spec = {}) : path_(spec.path), key_(spec.key), write_(spec.write) {}

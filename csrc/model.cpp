@@ -505,7 +505,7 @@ uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name, co
         else maps.release(t->data, t->nbytes);
     }
     cache.write(arena.get(), total, seed, h);
-    cache.start_promotion(arena.get(), arena.get_deleter().mapped, total);
+    if (transparent_huge_pages()) cache.start_promotion(arena.get(), arena.get_deleter().mapped, total);
     return h;
 }
 
