@@ -210,6 +210,19 @@ def _gb(x: str) -> str:
     return f"{float(x) / 1e9:.2f} GB" if x else "-"
 
 
+def _run_roofs(rows: list[dict], run_id: str) -> str:
+    """A run's roofs as its rows used them, per thread count: the DRAM read bandwidth (decode rows)
+    and the int8 peak (quantized prefill rows). They move from run to run on a shared VM, and a
+    row's "of roof" moves with them."""
+    mine = [r for r in rows if r["run_id"] == run_id and r["engine"] == "zen5" and r["roof"]]
+    dram = {r["threads"]: float(r["roof"]) for r in mine if r["test"].startswith("tg")}
+    int8 = {r["threads"]: float(r["roof"]) for r in mine if r["test"].startswith("pp") and r["quant"] != "BF16"}
+    th = sorted(set(dram) | set(int8), key=int)
+    parts = [f"{what} {'/'.join(f'{d[t]:.0f}' if t in d else '-' for t in th)} {unit}"
+             for what, d, unit in (("DRAM read", dram, "GB/s"), ("int8 peak", int8, "GOP/s")) if d]
+    return f"; roofs at {'/'.join(th)} threads: {', '.join(parts)}" if parts else ""
+
+
 def render_real(path: Path, rows: list[dict]) -> str:
     stem = path.name[:-len("-real.csv")]
     cpu, tier = split_stem(Path(f"{stem}-bench.csv"))
@@ -229,7 +242,7 @@ def render_real(path: Path, rows: list[dict]) -> str:
            + (f"zen5's {ISA_NAMES.get(tier or (runs[0][2] if runs else ''), tier)} tier; " if len(isas) < 2 else
               "zen5's tier per run (a row comes from the latest run of its model, weights and threads); ")
            + "; ".join(f"run {rid} (commit `{c}`, " + (f"{ISA_NAMES.get(isa, isa)} tier, " if len(isas) > 1 else "")
-                       + f"1-minute load average {ld} at the start)" for rid, c, isa, ld in runs)
+                       + f"1-minute load average {ld} at the start{_run_roofs(rows, rid)})" for rid, c, isa, ld in runs)
            + f"; {'/'.join(reps)} repetitions (medians, tokens/s), steal {steal:.1f}% of CPU time. "
            f"*roof*: decode GB/s (tok/s x the matrices' bytes, read once per token) over the DRAM read "
            f"bandwidth measured in the same run at the same thread count (the highest of its probes: "
@@ -280,7 +293,8 @@ def render_real(path: Path, rows: list[dict]) -> str:
         out += ["", "zen5 first load: first touching the fresh arena alone, at the rate a 1 GiB fresh-memory "
                     "probe measured in the same process after the load (the kernel zeroes each page; a "
                     "hypervisor that backs guest memory lazily allocates it too; the probe's threads in "
-                    "brackets): " + "; ".join(
+                    "brackets; the probe touches the pages the arena is packed on: 4 KiB pages in runs from "
+                    "2026-12-07 on, huge pages before): " + "; ".join(
                         f"{r['model_size'].upper()} {r['quant']} {r['threads']}t {m[1]} s "
                         f"({m[2]} GB/s, {t[1] if t else 1} thr.)" for (r, m), t in zip(floors, threads)) + "."]
     failed = [r for r in rows if r["test"] == "failed"]
