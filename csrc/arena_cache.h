@@ -75,7 +75,7 @@ class ArenaCache {
     // was not used
     std::string status() const;
     const std::string& miss() const { return miss_; }
-    bool promoted() const { return done_.load(); }  // true once the arena is all on huge-page memory
+    bool promoted() const { return done_.load(); }  // true once a move started has ended (or none was)
 
   private:
     void promote(uint8_t* arena, size_t bytes);

@@ -414,7 +414,7 @@ uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name, co
     std::map<const uint8_t*, std::vector<std::pair<WeightView*, uint8_t*>>> at_of;  // file bytes -> views
     for (const WeightView* w : mats) total += owned_bytes(*w);
     // Zeroed (padding rows of a last group get scale 0) and on 4 KiB pages: packing is the first
-    // touch of every arena byte, and on the VMs measured a huge page's first touch cost much more
+    // touch of every arena byte, and on the VM measured a huge page's first touch cost much more
     // than 512 small ones (an AMD EPYC Zen 3 guest, 1 GiB touched in fresh processes 3 s apart:
     // 0.32-0.48 GB/s on huge pages, 1.40-1.63 GB/s on 4 KiB pages; a 1.7B Q4_1 first load at 2
     // threads 2.45-6.93 s against 0.97-1.16 s). Once packed, the arena moves onto huge pages in
