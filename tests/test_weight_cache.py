@@ -35,6 +35,13 @@ def run(path, cache_dir, **kw):
     return e, np.asarray(e.native_ctx.logits()).copy()
 
 
+def wait_moved(e, seconds: float = 30) -> None:
+    """Until the arena's background move onto huge pages has ended (or `seconds` have passed)."""
+    deadline = time.monotonic() + seconds
+    while not e.weight_cache["promoted"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def arenas(d: Path) -> list[Path]:
     return sorted(d.glob("*.arena"))
 
@@ -50,9 +57,7 @@ def model(tmp_path_factory):
 def reference(model):
     """Logits and fingerprint with the cache off."""
     e, lg = run(model, "off")
-    deadline = time.monotonic() + 30  # a packed arena moves onto huge pages too (model.cpp)
-    while not e.weight_cache["promoted"] and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_moved(e)  # a packed arena moves onto huge pages too (model.cpp)
     assert e.weight_cache == {"status": "off", "miss": "", "promoted": True}
     return lg, e.native.fingerprint
 
@@ -68,9 +73,7 @@ def test_first_load_writes_then_later_loads_map(model, reference, tmp_path):
     assert e2.native.fingerprint == e1.native.fingerprint == fp0
     np.testing.assert_array_equal(lg1, lg0)
     np.testing.assert_array_equal(lg2, lg0)
-    deadline = time.monotonic() + 30
-    while not e2.weight_cache["promoted"] and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_moved(e2)
     assert e2.weight_cache["promoted"]
     e2.native_ctx.rewind(0)  # once on huge pages, still the same bytes
     e2.native_ctx.eval(PROMPT, True)
