@@ -261,10 +261,10 @@ static inline __attribute__((always_inline)) void panel_values(const float* p, i
 // positions are a cache row apart (2 KB for V4's head of 512), and the sums ran at about half the
 // scores' rate. Same FMA chains as values_chunk, so the same bits. Zen 3, one thread, fp32 rows
 // unless said: 64 queries x 640 positions x 512 channels (V4's ratio-4 decode at depth 2048) 54
-// -> 78 GFLOP/s, 32 queries 55 -> 72, fp16 71 -> 83; 24 queries of head 64 (a Llama prefill
-// task) over 128 to 512 positions of rows 128 B to 4 KB apart: fp32 +2% to +47%, fp16 -11% to
-// +35% (slower in 1 of 9 shapes); 16 queries -10% to +27%; at 6 to 12 the copy is not paid
-// back (up to 25% slower), hence kPanelQueries.
+// -> 78 GFLOP/s, 32 queries 55 -> 72, fp16 71 -> 83; 24 queries of head 64 or 128 (a Llama
+// prefill task) over 128 to 512 positions of rows 128 B to 8 KB apart: fp32 +2% to +47%, fp16
+// -11% to +35% (slower in 1 of 9 shapes); 16 queries -10% to +27%; at 6 to 12 the copy is not
+// paid back (up to 25% slower), hence kPanelQueries.
 constexpr int kPanelQueries = 16;
 template <typename T>
 static void attn_values_panels(const float* p, int64_t ldp, int nq, const T* v, int64_t stride, int n, int hd,
