@@ -227,44 +227,25 @@ static void values_group(const float* p, int64_t ldp, const T* v, int64_t stride
     }
 }
 
-// Values of G queries over a panel: cnt positions of 16 channels each, contiguous (buf), of
-// which the first w are output channels (the others' sums are computed and dropped).
+// values_chunk over a panel (below): G queries x the panel's 16 channels, the first w of them
+// output channels; no prefetch (the panel is in L1).
 template <int G>
-static inline __attribute__((always_inline)) void panel_values(const float* p, int64_t ldp, const float* buf, int cnt,
-                                                               float* out, int64_t ldo, int w) {
-    __m256 a[G][2];
-#pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) {
-        a[g][0] = load8_part(out + g * ldo, w);
-        a[g][1] = w > 8 ? load8_part(out + g * ldo + 8, w - 8) : _mm256_setzero_ps();
-    }
-    for (int i = 0; i < cnt; ++i) {
-        const __m256 v0 = _mm256_load_ps(buf + 16 * i), v1 = _mm256_load_ps(buf + 16 * i + 8);
-#pragma GCC unroll 8
-        for (int g = 0; g < G; ++g) {
-            const __m256 b = _mm256_broadcast_ss(p + g * ldp + i);
-            a[g][0] = _mm256_fmadd_ps(b, v0, a[g][0]);
-            a[g][1] = _mm256_fmadd_ps(b, v1, a[g][1]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) {
-        store8_part(out + g * ldo, a[g][0], w);
-        if (w > 8) store8_part(out + g * ldo + 8, a[g][1], w - 8);
-    }
+static inline void panel_group(const float* p, int64_t ldp, const float* buf, int cnt, float* out, int64_t ldo, int w) {
+    if (w == 16) values_chunk<float, G, 2, false, false>(p, ldp, buf, 16, cnt, 16, out, ldo, 0);
+    else values_chunk<float, G, 2, false, true>(p, ldp, buf, 16, cnt, w, out, ldo, 0);
 }
 
-// Many queries over the same rows (DeepSeek V4's 64 heads share one K = V head; a prefill task's
-// 24 query vectors per kv head): per block of kPanelRows positions and 16 channels, the rows'
-// pieces are first copied (fp16 widened) into a contiguous panel on the stack, which every query
-// group then reads in order from L1. Read in place, a group's 16 channels of consecutive
-// positions are a cache row apart (2 KB for V4's head of 512), and the sums ran at about half the
-// scores' rate. Same FMA chains as values_chunk, so the same bits. Zen 3, one thread, fp32 rows
-// unless said: 64 queries x 640 positions x 512 channels (V4's ratio-4 decode at depth 2048) 54
-// -> 78 GFLOP/s, 32 queries 55 -> 72, fp16 71 -> 83; 24 queries of head 64 or 128 (a Llama
-// prefill task) over 128 to 512 positions of rows 128 B to 8 KB apart: fp32 +2% to +47%, fp16
-// -11% to +35% (slower in 1 of 9 shapes); 16 queries -10% to +27%; at 6 to 12 the copy is not
-// paid back (up to 25% slower), hence kPanelQueries.
+// Many queries over the same rows (DeepSeek V4's 64 heads share one K = V head; a prefill task's 24
+// query vectors per kv head): per block of kPanelRows positions and 16 channels, the rows' pieces
+// are first copied (fp16 widened) into a contiguous panel on the stack, which every query group
+// then reads in order from L1. Read in place, a group's 16 channels of consecutive positions are a
+// cache row apart (2 KB for V4's head of 512), and the sums ran at about half the scores' rate. The
+// sums are values_chunk's, so the bits are the same. Zen 3, one thread, fp32 rows unless said: 64
+// queries x 640 positions x 512 channels (V4's ratio-4 decode at depth 2048) 54 -> 78 GFLOP/s, 32
+// queries 55 -> 72, fp16 71 -> 83; 24 queries of head 64 or 128 (a Llama prefill task) over 128 to
+// 512 positions of rows 128 B to 8 KB apart: fp32 +2% to +47%, fp16 -11% to +35% (slower in 1 of 9
+// shapes); 16 queries -10% to +27%; at 6 to 12 the copy is not paid back (up to 25% slower), hence
+// kPanelQueries.
 constexpr int kPanelQueries = 16;
 template <typename T>
 static void attn_values_panels(const float* p, int64_t ldp, int nq, const T* v, int64_t stride, int n, int hd,
@@ -285,10 +266,10 @@ static void attn_values_panels(const float* p, int64_t ldp, int nq, const T* v, 
                 const int left = nq - j, g = left >= 6 ? 6 : left >= 3 ? 3 : left;
                 const float* pj = p + j * ldp + i0;
                 float* oj = out + j * ldo + d0;
-                if (g == 6) panel_values<6>(pj, ldp, buf, cnt, oj, ldo, w);
-                else if (g == 3) panel_values<3>(pj, ldp, buf, cnt, oj, ldo, w);
-                else if (g == 2) panel_values<2>(pj, ldp, buf, cnt, oj, ldo, w);
-                else panel_values<1>(pj, ldp, buf, cnt, oj, ldo, w);
+                if (g == 6) panel_group<6>(pj, ldp, buf, cnt, oj, ldo, w);
+                else if (g == 3) panel_group<3>(pj, ldp, buf, cnt, oj, ldo, w);
+                else if (g == 2) panel_group<2>(pj, ldp, buf, cnt, oj, ldo, w);
+                else panel_group<1>(pj, ldp, buf, cnt, oj, ldo, w);
                 j += g;
             }
         }
