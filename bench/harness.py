@@ -175,7 +175,7 @@ def wait_until_quiet(minutes: float, threshold: float, log) -> float:
         if quiet >= 2 or time.time() >= deadline:
             break
         log(f"load average {now:.2f} ({quiet}/2 quiet readings below {threshold}): waiting 30 s "
-            f"(until {time.ctime(deadline)})")
+            f"(running anyway from {time.ctime(deadline)})")
         time.sleep(30)
     if quiet < 2:
         log(f"load average still {now:.2f} after {minutes:g} min: running anyway")
