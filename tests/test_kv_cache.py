@@ -71,6 +71,22 @@ def test_small_batches_equal_tokens_one_by_one_across_splits(smollm2, kv_type, i
     assert pos == 546
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_decode_deep_in_the_cache_equals_the_batch(smollm2, kv_type, threads):
+    """A decoded token's attention tasks are (split, kv head) while the splits are fewer than
+    twice the threads and whole splits beyond: decoding through both layouts (from 3 to 5
+    splits) gives the bits of one batch."""
+    eng = Engine(smollm2.weights, n_ctx=2304, kv_type=kv_type, threads=threads)
+    toks = (eng.tokenizer.encode(TEXT) * 160)[:2070]
+    whole = eng.native_ctx.eval(toks, all_logits=True)
+    eng.native_ctx.rewind(1530)
+    for pos in (1530, 2060):  # 3 splits then 4 (2 threads: per head, then per split), then 5
+        eng.native_ctx.eval(toks[eng.native_ctx.n_past:pos])
+        single = np.stack([eng.native_ctx.eval([t], all_logits=True)[0] for t in toks[pos:pos + 10]])
+        assert np.array_equal(single, whole[pos:pos + 10]), (kv_type, threads, pos)
+
+
 def test_thread_count_does_not_change_logits(smollm2_path):
     toks = Engine.load(smollm2_path, n_ctx=128, threads=1).tokenizer.encode(TEXT)
     out = [Engine.load(smollm2_path, n_ctx=128, threads=n).native_ctx.eval(toks, all_logits=True) for n in (1, 2, 3)]
