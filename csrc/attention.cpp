@@ -93,14 +93,13 @@ void Context::attention(int layer, int n) {
     a.n = n, a.hd = c.head_dim, a.group = c.n_head / c.n_head_kv;
     a.tb = std::max(1, kQB / a.group), a.units = (n + a.tb - 1) / a.tb;
     a.splits = (n_past_ + n + kSplit - 1) / kSplit;
-    // A decoded token's tasks, or a batch of one unit's (a speculative verification), are
-    // (split, kv head) while there are fewer splits than twice the threads, where a split per
-    // task would leave a thread idle; with more, a task takes every kv head of its split, as
-    // prefill's do: SmolLM2-135M decoding at depth 2048 / 8192 on 2 threads of the Zen 3, 143-145
-    // -> 168-170 / 59-64 -> 69-70 tok/s (f16 cache; q8_0 at 8192 67-68 -> 79-84), alternating
-    // builds in fresh processes, the same logits. (Which task computes what never changes the
-    // arithmetic.)
-    a.kvt = a.units == 1 && a.splits < 2 * model_->pool.size() ? c.n_head_kv : 1, a.heads = c.n_head_kv / a.kvt;
+    // A task is (unit, split), or (unit, split, kv head) when those are fewer than twice the
+    // threads (a decoded token near the start of the cache; a short batch): whole splits read
+    // every head's slices of a split together, and SmolLM2-135M decoded at depth 2048 / 8192 on 2
+    // threads of the Zen 3 at 143-145 -> 168-170 / 59-64 -> 69-70 tok/s (f16 cache; q8_0 at 8192
+    // 67-68 -> 79-84) with them than with a task per kv head at any depth. (Which task computes
+    // what never changes the arithmetic.)
+    a.kvt = a.units * a.splits < 2 * model_->pool.size() ? c.n_head_kv : 1, a.heads = c.n_head_kv / a.kvt;
     a.n_splits_max = (n_ctx_ + kSplit - 1) / kSplit, a.pstride = a.hd + 2;
     a.ldp = int64_t(a.n_splits_max) * a.pstride;
     // scores in base-2 units: softmax_partial and the merge use exp2 (kernels.h)
