@@ -22,12 +22,16 @@
 namespace zen5 {
 
 static_assert(Context::kSplit % kKeyTile == 0, "a split starts on a key tile");
+static_assert(Context::kSplit == KvCache::kBlock, "a split is a block of the cache");
 
 namespace {
 
-// What a reader is bound to for one call: a layer's cache and the call's strides.
+// What a reader is bound to for one call: a layer's cache and the call's strides. A call's
+// positions [p0, p0 + cnt) lie in one block of the cache (a split: KvCache::kBlock), so a kv
+// head's keys and values there are each one run of memory (kv_cache.h).
 struct ReaderBase {
-    int kvd, hd;
+    const KvCache& cache;
+    int layer, hd;
     float scale;      // of the scores
     int64_t lds;      // between score rows
     int64_t ldp;      // between the queries' partials (the values' output rows)
@@ -42,13 +46,14 @@ struct FloatReader : ReaderBase {
     static constexpr int kValueBlock = 1;
     ScoresFn attn_scores;
     ValuesFn attn_values;
-    const T *K, *V;
 
     void scores(const float* q, int nq, int kvh, int p0, int cnt, float* out) const {  // p0: tile aligned
-        attn_scores(q, nq, K + key_tile_index(p0, kvh * hd, kvd), int64_t(kvd) * kKeyTile, cnt, hd, scale, out, lds);
+        const T* K = reinterpret_cast<const T*>(cache.keys(layer, kvh, p0));
+        attn_scores(q, nq, K + key_tile_index(p0 % KvCache::kBlock, 0, hd), int64_t(hd) * kKeyTile, cnt, hd, scale, out, lds);
     }
     void values(const float* p, int nq, int kvh, int p0, int cnt, float* out) const {
-        attn_values(p, lds, nq, V + size_t(p0) * kvd + kvh * hd, kvd, cnt, hd, out, ldp);
+        const T* V = reinterpret_cast<const T*>(cache.values(layer, kvh, p0));
+        attn_values(p, lds, nq, V + size_t(p0 % KvCache::kBlock) * hd, hd, cnt, hd, out, ldp);
     }
 };
 
@@ -58,17 +63,15 @@ struct FloatReader : ReaderBase {
 struct Q8Reader : ReaderBase {
     static constexpr int kValueBlock = 32;
     const Kernels& k;
-    const KvCache& cache;
-    int layer;
 
-    void scores(const float* q, int nq, int kvh, int p0, int cnt, float* out) const {
-        // the float caches' offset: a tile-aligned position and a head's first channel
-        k.attn_scores_q8(q, nq, cache.keys(layer) + key_tile_index(p0, kvh * hd, kvd),
-                         cache.key_scales(layer, kvh) + p0, int64_t(kvd) * kKeyTile, cnt, hd, scale, out, lds);
+    void scores(const float* q, int nq, int kvh, int p0, int cnt, float* out) const {  // p0: tile aligned
+        k.attn_scores_q8(q, nq, cache.keys(layer, kvh, p0) + key_q8_index(p0 % KvCache::kBlock, 0, hd),
+                         cache.key_scales(layer, kvh) + p0, int64_t(hd) * kKeyTile, cnt, hd, scale, out, lds);
     }
     void values(const float* p, int nq, int kvh, int p0, int cnt, float* out) const {  // p0 % 32 == 0
-        k.attn_values_q8(p, lds, nq, reinterpret_cast<const int8_t*>(cache.values(layer)) + value_q8_index(p0, kvh * hd, kvd),
-                         cache.value_scales(layer, kvh) + p0, int64_t(kvd) * 4, cnt, hd, out, ldp);
+        k.attn_values_q8(p, lds, nq, reinterpret_cast<const int8_t*>(cache.values(layer, kvh, p0)) +
+                                         value_q8_index(p0 % KvCache::kBlock, 0, hd),
+                         cache.value_scales(layer, kvh) + p0, int64_t(hd) * 4, cnt, hd, out, ldp);
     }
 };
 
@@ -104,18 +107,14 @@ void Context::attention(int layer, int n) {
     a.ldp = int64_t(a.n_splits_max) * a.pstride;
     // scores in base-2 units: softmax_partial and the merge use exp2 (kernels.h)
     const float scale = kLog2e / std::sqrt(float(a.hd));
-    const ReaderBase b{c.kv_dim(), a.hd, scale, kSplit, a.ldp};
-    const uint8_t *K = cache_.keys(layer), *V = cache_.values(layer);
+    const ReaderBase b{cache_, layer, a.hd, scale, kSplit, a.ldp};
     switch (cache_.type()) {
         case KvType::F32:
-            return attend(FloatReader<float>{b, k_.attn_scores, k_.attn_values, reinterpret_cast<const float*>(K),
-                                             reinterpret_cast<const float*>(V)}, a);
+            return attend(FloatReader<float>{b, k_.attn_scores, k_.attn_values}, a);
         case KvType::F16:
-            return attend(FloatReader<uint16_t>{b, k_.attn_scores_h, k_.attn_values_h,
-                                                reinterpret_cast<const uint16_t*>(K),
-                                                reinterpret_cast<const uint16_t*>(V)}, a);
+            return attend(FloatReader<uint16_t>{b, k_.attn_scores_h, k_.attn_values_h}, a);
         case KvType::Q8_0:
-            return attend(Q8Reader{b, k_, cache_, layer}, a);
+            return attend(Q8Reader{b, k_}, a);
     }
 }
 

@@ -26,11 +26,11 @@ KvCache::KvCache(const Config& c, int n_ctx, KvType type)
     : type_(type), n_layer_(c.n_layer), n_head_kv_(c.n_head_kv), head_dim_(c.head_dim), kv_dim_(c.kv_dim()) {
     if (n_ctx <= 0) throw ZenError("n_ctx must be positive");
     elem_ = type_ == KvType::F32 ? 4 : type_ == KvType::F16 ? 2 : 1;
-    n_rows_ = (n_ctx + kKeyTile - 1) / kKeyTile * kKeyTile;
+    n_rows_ = (n_ctx + kBlock - 1) / kBlock * kBlock;
     k_ = alloc_zeroed(layer_bytes() * n_layer_, false);  // huge pages: hint_huge
     v_ = alloc_zeroed(layer_bytes() * n_layer_, false);
     const size_t pos_bytes = size_t(kv_dim_) * elem_;
-    huge_every_ = int(std::max<size_t>(kKeyTile, (size_t(2) << 20) / pos_bytes / kKeyTile * kKeyTile));
+    huge_every_ = int(std::max<size_t>(kBlock, (size_t(2) << 20) / pos_bytes / kBlock * kBlock));
     if (type_ == KvType::Q8_0) {
         // a head starts on a channel quad (key_q8_index); store quantizes a head on the stack
         if (head_dim_ % 4 != 0 || head_dim_ > 512)
@@ -46,7 +46,7 @@ size_t KvCache::bytes_per_token() const {
 }
 
 size_t KvCache::bytes_for(const Config& c, int n_ctx, KvType type) {
-    const size_t rows = size_t(std::max(n_ctx, 1) + kKeyTile - 1) / kKeyTile * kKeyTile;
+    const size_t rows = size_t(std::max(n_ctx, 1) + kBlock - 1) / kBlock * kBlock;
     const size_t elem = type == KvType::F32 ? 4 : type == KvType::F16 ? 2 : 1;
     const size_t kv = 2 * rows * c.kv_dim() * elem * c.n_layer;
     return type == KvType::Q8_0 ? kv + 2 * sizeof(float) * c.n_layer * c.n_head_kv * rows : kv;
@@ -79,7 +79,7 @@ size_t KvCache::bytes_resident() const {
 void KvCache::hint_huge(int layer, int n) {
 #ifdef __linux__
     constexpr uintptr_t kHuge = uintptr_t(2) << 20;
-    const size_t filled = size_t(n / kKeyTile * kKeyTile) * kv_dim_ * elem_;  // whole key tiles
+    const size_t filled = size_t(n / kBlock * kBlock) * kv_dim_ * elem_;  // whole blocks
     for (const AlignedBytes* b : {&k_, &v_}) {
         if (!b->get_deleter().mapped) continue;
         const uintptr_t base = reinterpret_cast<uintptr_t>(at(*b, layer));
@@ -91,65 +91,93 @@ void KvCache::hint_huge(int layer, int n) {
 #endif
 }
 
+// Channel c's offset from channel 0 of the same position and head: in a key tile kKeyTile
+// elements per channel (q8_0: quads of channels, key_q8_index), in a row 1 (q8_0: quads of
+// positions, value_q8_index).
+static size_t key_step(bool q8, int c) { return q8 ? size_t(c / 4) * 64 + c % 4 : size_t(c) * kKeyTile; }
+static size_t value_step(bool q8, int c) { return q8 ? size_t(c) * 4 : size_t(c); }
+
+size_t KvCache::key_at(int p, int h, int c) const {
+    const size_t head = head_offset(h, p) / elem_;
+    return head + (type_ == KvType::Q8_0 ? key_q8_index(p % kBlock, c, head_dim_) : key_tile_index(p % kBlock, c, head_dim_));
+}
+
+size_t KvCache::value_at(int p, int h, int c) const {
+    const size_t head = head_offset(h, p) / elem_;
+    return head + (type_ == KvType::Q8_0 ? value_q8_index(p % kBlock, c, head_dim_) : size_t(p % kBlock) * head_dim_ + c);
+}
+
 void KvCache::store(const Kernels& kernels, int layer, int pos, const float* k, const float* v) {
     if ((pos + 1) % huge_every_ == 0) hint_huge(layer, pos + 1);
-    const int KV = kv_dim_;
+    const int hd = head_dim_;
     uint8_t *K = at(k_, layer), *V = at(v_, layer);
-    if (type_ == KvType::Q8_0) {  // key_q8_index / value_q8_index layouts (kernels.h)
-        const int hd = head_dim_;
-        int8_t q[512];
-        int32_t sum;
-        for (int h = 0; h < n_head_kv_; ++h) {
-            vscale()[scale_index(layer, h) + pos] = quantize_s8(v + h * hd, hd, q, &sum);
-            for (int i = 0; i < hd; ++i) V[value_q8_index(pos, h * hd + i, KV)] = uint8_t(q[i]);
-            kscale()[scale_index(layer, h) + pos] = quantize_s8(k + h * hd, hd, q, &sum);
-            for (int i = 0; i < hd; ++i) K[key_q8_index(pos, h * hd + i, KV)] = uint8_t(q[i] + 128);
+    for (int h = 0; h < n_head_kv_; ++h) {
+        const float *kh = k + h * hd, *vh = v + h * hd;
+        const size_t k0 = key_at(pos, h, 0), v0 = value_at(pos, h, 0);
+        if (type_ == KvType::Q8_0) {  // K stored unsigned (k + 128), V signed
+            int8_t q[512];
+            int32_t sum;
+            vscale()[scale_index(layer, h) + pos] = quantize_s8(vh, hd, q, &sum);
+            for (int i = 0; i < hd; ++i) V[v0 + value_step(true, i)] = uint8_t(q[i]);
+            kscale()[scale_index(layer, h) + pos] = quantize_s8(kh, hd, q, &sum);
+            for (int i = 0; i < hd; ++i) K[k0 + key_step(true, i)] = uint8_t(q[i] + 128);
+        } else if (type_ == KvType::F16) {
+            auto *K16 = reinterpret_cast<uint16_t*>(K), *V16 = reinterpret_cast<uint16_t*>(V);
+            kernels.to_f16(vh, hd, V16 + v0);
+            uint16_t x[64];
+            for (int c0 = 0; c0 < hd; c0 += 64) {
+                const int m = std::min(64, hd - c0);
+                kernels.to_f16(kh + c0, m, x);
+                for (int i = 0; i < m; ++i) K16[k0 + key_step(false, c0 + i)] = x[i];
+            }
+        } else {
+            auto *K32 = reinterpret_cast<float*>(K), *V32 = reinterpret_cast<float*>(V);
+            std::memcpy(V32 + v0, vh, sizeof(float) * hd);
+            for (int i = 0; i < hd; ++i) K32[k0 + key_step(false, i)] = kh[i];
         }
-        return;
     }
-    // V is a row; K's channels go to their rows of the position's key tile, kKeyTile apart.
-    V += size_t(pos) * KV * elem_;
-    const size_t k0 = key_tile_index(pos, 0, KV);
-    if (type_ == KvType::F16) {
-        kernels.to_f16(v, KV, reinterpret_cast<uint16_t*>(V));
-        uint16_t h[64];
-        for (int c0 = 0; c0 < KV; c0 += 64) {
-            const int m = std::min(64, KV - c0);
-            kernels.to_f16(k + c0, m, h);
-            for (int i = 0; i < m; ++i) reinterpret_cast<uint16_t*>(K)[k0 + size_t(c0 + i) * kKeyTile] = h[i];
+}
+
+// A position's hd elements of one head between the cache (channel c at k0 + key_step, v0 +
+// value_step) and plain rows, in either direction. Bytes are the q8_0 cache, whose K is stored
+// as k + 128 and whose rows hold k.
+template <typename T>
+static void copy_head(T* K, T* V, size_t k0, size_t v0, T* krow, T* vrow, int hd, bool to_rows) {
+    constexpr bool q8 = sizeof(T) == 1;
+    if constexpr (!q8) {  // a float cache's V row is the plain row
+        if (to_rows) std::memcpy(vrow, V + v0, sizeof(T) * hd);
+        else std::memcpy(V + v0, vrow, sizeof(T) * hd);
+    }
+    for (int c = 0; c < hd; ++c) {
+        T& kc = K[k0 + key_step(q8, c)];
+        if (to_rows) krow[c] = q8 ? T(kc - 128) : kc;
+        else kc = q8 ? T(krow[c] + 128) : krow[c];
+        if constexpr (q8) {
+            T& vc = V[v0 + value_step(q8, c)];
+            if (to_rows) vrow[c] = vc;
+            else vc = vrow[c];
         }
-    } else {
-        std::memcpy(V, v, sizeof(float) * KV);
-        for (int i = 0; i < KV; ++i) reinterpret_cast<float*>(K)[k0 + size_t(i) * kKeyTile] = k[i];
     }
 }
 
 void KvCache::copy_rows(int layer, int n, char* krows, char* vrows, bool to_rows) {
     // Plain rows (q8_0: signed bytes) keep a snapshot independent of the cache's layouts, and
     // hold nothing of the positions past n.
-    const int KV = kv_dim_;
+    const int KV = kv_dim_, hd = head_dim_;
     uint8_t *K = at(k_, layer), *V = at(v_, layer);
-    if (type_ == KvType::Q8_0) {
-        auto* kr = reinterpret_cast<int8_t*>(krows);
-        auto* vr = reinterpret_cast<int8_t*>(vrows);
-        for (int p = 0; p < n; ++p)
-            for (int c = 0; c < KV; ++c) {
-                uint8_t& kb = K[key_q8_index(p, c, KV)];
-                uint8_t& vb = V[value_q8_index(p, c, KV)];
-                int8_t& kx = kr[size_t(p) * KV + c];
-                int8_t& vx = vr[size_t(p) * KV + c];
-                if (to_rows) kx = int8_t(kb - 128), vx = int8_t(vb);
-                else kb = uint8_t(kx + 128), vb = uint8_t(vx);
-            }
-        return;
-    }
-    const size_t bytes = size_t(n) * KV * elem_;  // V is already rows
-    if (to_rows) std::memcpy(vrows, V, bytes);
-    else std::memcpy(V, vrows, bytes);
-    if (elem_ == 2)
-        copy_key_tiles(reinterpret_cast<uint16_t*>(K), reinterpret_cast<uint16_t*>(krows), n, KV, to_rows);
-    else
-        copy_key_tiles(reinterpret_cast<float*>(K), reinterpret_cast<float*>(krows), n, KV, to_rows);
+    for (int p = 0; p < n; ++p)
+        for (int h = 0; h < n_head_kv_; ++h) {
+            const size_t r = size_t(p) * KV + size_t(h) * hd, k0 = key_at(p, h, 0), v0 = value_at(p, h, 0);
+            if (elem_ == 4)
+                copy_head(reinterpret_cast<float*>(K), reinterpret_cast<float*>(V), k0, v0,
+                          reinterpret_cast<float*>(krows) + r, reinterpret_cast<float*>(vrows) + r, hd, to_rows);
+            else if (elem_ == 2)
+                copy_head(reinterpret_cast<uint16_t*>(K), reinterpret_cast<uint16_t*>(V), k0, v0,
+                          reinterpret_cast<uint16_t*>(krows) + r, reinterpret_cast<uint16_t*>(vrows) + r, hd, to_rows);
+            else
+                copy_head(K, V, k0, v0, reinterpret_cast<uint8_t*>(krows) + r, reinterpret_cast<uint8_t*>(vrows) + r,
+                          hd, to_rows);
+        }
 }
 
 void KvCache::save(int n, std::string& out) const {

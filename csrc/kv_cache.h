@@ -3,6 +3,16 @@
 // the Context keeps n_past, so rewinding is forgetting positions, and the next store simply
 // overwrites them. A snapshot holds the rows in plain (n, kv_dim) order, independent of these
 // layouts, so a file does not change when a layout does.
+//
+// A layer's K and V each come in blocks of kBlock positions (an attention split), and inside a
+// block kv head after kv head: the head's kBlock positions of K in key tiles of its hd channels
+// (key_tile_index(p % kBlock, c, hd); q8_0: key_q8_index(p % kBlock, c, hd)), its V in rows of
+// hd (q8_0: value_q8_index(p % kBlock, c, hd)). So the attention kernels' calls for one kv head
+// of one split each read one run of memory. With every head's channels side by side in one tile
+// or row, as before, a head's values were 128-byte slices of rows kv_dim apart, and decode deep
+// in the cache waited on them: SmolLM2-135M (3 kv heads) at depth 8192 on the Zen 3 decoded at
+// 35.0 / 40.7 -> 46.6 / 45.2 tok/s on 1 thread and 68.5 / 69.7 -> 75.1 / 78.3 on 2 (q8_0 cache:
+// 85.4 / 89.2 -> 91.5 / 102.4), alternating builds, the same logits; prefill the same.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -36,10 +46,11 @@ class KvCache {
     // (`kernels` converts to fp16).
     void store(const Kernels& kernels, int layer, int pos, const float* k, const float* v);
 
-    // A layer's K in key tiles (kernels.h, kKeyTile; q8_0: key_q8_index) and V in rows (q8_0:
-    // value_q8_index), n_ctx rounded up to whole key tiles of positions each.
-    const uint8_t* keys(int layer) const { return at(k_, layer); }
-    const uint8_t* values(int layer) const { return at(v_, layer); }
+    static constexpr int kBlock = kAttnSplit;
+    // Kv head `head`'s K and V in the block that holds position pos (at the block's first
+    // position: the reader adds pos % kBlock's tile or row); n_ctx rounded up to whole blocks.
+    const uint8_t* keys(int layer, int head, int pos) const { return at(k_, layer) + head_offset(head, pos); }
+    const uint8_t* values(int layer, int head, int pos) const { return at(v_, layer) + head_offset(head, pos); }
     // q8_0: a kv head's scales of a layer, one per position from position 0
     const float* key_scales(int layer, int head) const { return kscale() + scale_index(layer, head); }
     const float* value_scales(int layer, int head) const { return vscale() + scale_index(layer, head); }
@@ -53,10 +64,16 @@ class KvCache {
   private:
     size_t layer_bytes() const { return size_t(n_rows_) * kv_dim_ * elem_; }
     uint8_t* at(const AlignedBytes& cache, int layer) const { return cache.get() + layer_bytes() * layer; }
+    size_t head_offset(int head, int pos) const {  // bytes from a layer's start
+        return (size_t(pos / kBlock) * n_head_kv_ + head) * kBlock * head_dim_ * elem_;
+    }
+    // element (p, c < hd) of kv head h in a layer's K or V, in elements of the type
+    size_t key_at(int p, int h, int c) const;
+    size_t value_at(int p, int h, int c) const;
     size_t scale_index(int layer, int head) const { return (size_t(layer) * n_head_kv_ + head) * n_rows_; }
     // between the cache's layouts and (n, kv_dim) rows, in either direction
     void copy_rows(int layer, int n, char* krows, char* vrows, bool to_rows);
-    // Huge pages for the filled part of a layer's K and V (whole 2 MiB blocks below position n):
+    // Huge pages for the filled part of a layer's K and V (whole 2 MiB below the block of n):
     // asking for them up front would fault in 2 MiB per layer at the first token (THP), so the
     // cache is mapped on 4 KiB pages and a block is marked once it is full (khugepaged may then
     // merge it). Only a hint.
@@ -66,7 +83,7 @@ class KvCache {
 
     KvType type_;
     int n_layer_, n_head_kv_, head_dim_, kv_dim_;
-    int n_rows_;   // n_ctx rounded up to whole key tiles
+    int n_rows_;   // n_ctx rounded up to whole blocks
     size_t elem_;  // 4, 2 or 1 bytes
     int huge_every_ = 0;  // positions per 2 MiB of a layer's K or V (hint_huge)
     AlignedBytes k_, v_;            // (n_layer, n_rows, kv_dim) elements each, layouts above

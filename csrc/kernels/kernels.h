@@ -134,10 +134,10 @@ struct QuantAct {
 };
 
 // The K cache holds keys in tiles of kKeyTile positions, transposed: channel c of position p
-// (c < kv_dim, the heads' channels side by side) is element ((p / kKeyTile) * kv_dim + c) *
-// kKeyTile + p % kKeyTile of a layer. One load gives a channel for 16 positions, so a score
-// kernel keeps positions in the lanes and needs no horizontal sums (V stays row-major: the
-// value kernels keep output channels in the lanes).
+// (c < kv_dim, the tile's width: one kv head's channels in the KV cache, kv_cache.h) is element
+// ((p / kKeyTile) * kv_dim + c) * kKeyTile + p % kKeyTile. One load gives a channel for 16
+// positions, so a score kernel keeps positions in the lanes and needs no horizontal sums (V
+// stays row-major: the value kernels keep output channels in the lanes).
 constexpr int kKeyTile = 16;
 // Cache positions per attention split (the decoder's unit of attention work, whole key tiles;
 // 256 -> 512: half the merges and per-split query work, faster long prefill with the f16 and
@@ -162,10 +162,11 @@ void copy_key_tiles(T* tiles, T* rows, int n, int kv_dim, bool to_rows) {
 
 // The q8_0 KV cache (kv type q8_0) keeps each position's hd values of a kv head as int8 with one
 // fp32 scale (quantize_s8), laid out for vpdpbusd, which sums 4 byte products per 32-bit lane:
-//  K: tiles of kKeyTile positions like the float caches (a tile is kv_dim x 16 bytes), but inside
-//     a tile the channels come in quads, so a lane (a position) holds 4 consecutive channels:
-//     channel c of position p is byte (c / 4) * 64 + (p % 16) * 4 + c % 4 of its tile. Keys are
-//     stored unsigned, k + 128 (vpdpbusd's unsigned operand; the query is the signed one).
+//  K: tiles of kKeyTile positions like the float caches (a tile is kv_dim x 16 bytes; in the
+//     KV cache kv_dim is one kv head's hd, kv_cache.h), but inside a tile the channels come in
+//     quads, so a lane (a position) holds 4 consecutive channels: channel c of position p is
+//     byte (c / 4) * 64 + (p % 16) * 4 + c % 4 of its tile. Keys are stored unsigned, k + 128
+//     (vpdpbusd's unsigned operand; the query is the signed one).
 //  V: quads of 4 positions, so a lane (an output channel) holds 4 consecutive positions:
 //     channel c of position p is byte (p / 4) * kv_dim * 4 + c * 4 + p % 4, signed.
 inline size_t key_q8_index(int64_t pos, int64_t channel, int64_t kv_dim) {
