@@ -97,10 +97,11 @@ void Context::attention(int layer, int n) {
     a.tb = std::max(1, kQB / a.group), a.units = (n + a.tb - 1) / a.tb;
     a.splits = (n_past_ + n + kSplit - 1) / kSplit;
     // A task is (unit, split), or (unit, split, kv head) when those are fewer than twice the
-    // threads (a decoded token near the start of the cache; a short batch): whole splits read
-    // every head's slices of a split together, and SmolLM2-135M decoded at depth 2048 / 8192 on 2
-    // threads of the Zen 3 at 143-145 -> 168-170 / 59-64 -> 69-70 tok/s (f16 cache; q8_0 at 8192
-    // 67-68 -> 79-84) with them than with a task per kv head at any depth. (Which task computes
+    // threads (a decoded token near the start of the cache; a short batch): a whole split's task
+    // reads every kv head of the split together, and SmolLM2-135M decoded at depth 2048 / 8192 on
+    // 2 threads of the Zen 3 at 143-145 -> 168-170 / 59-64 -> 69-70 tok/s (f16 cache; q8_0 at 8192
+    // 67-68 -> 79-84) with them than with a task per kv head at any depth (measured when the heads
+    // still shared each tile and row, before the block layout of kv_cache.h). (Which task computes
     // what never changes the arithmetic.)
     a.kvt = a.units * a.splits < 2 * model_->pool.size() ? c.n_head_kv : 1, a.heads = c.n_head_kv / a.kvt;
     a.n_splits_max = (n_ctx_ + kSplit - 1) / kSplit, a.pstride = a.hd + 2;
