@@ -48,12 +48,11 @@ struct FloatReader : ReaderBase {
     ValuesFn attn_values;
 
     void scores(const float* q, int nq, int kvh, int p0, int cnt, float* out) const {  // p0: tile aligned
-        const T* K = reinterpret_cast<const T*>(cache.keys(layer, kvh, p0));
-        attn_scores(q, nq, K + key_tile_index(p0 % KvCache::kBlock, 0, hd), int64_t(hd) * kKeyTile, cnt, hd, scale, out, lds);
+        attn_scores(q, nq, reinterpret_cast<const T*>(cache.keys(layer, kvh, p0)), int64_t(hd) * kKeyTile, cnt, hd,
+                    scale, out, lds);
     }
     void values(const float* p, int nq, int kvh, int p0, int cnt, float* out) const {
-        const T* V = reinterpret_cast<const T*>(cache.values(layer, kvh, p0));
-        attn_values(p, lds, nq, V + size_t(p0 % KvCache::kBlock) * hd, hd, cnt, hd, out, ldp);
+        attn_values(p, lds, nq, reinterpret_cast<const T*>(cache.values(layer, kvh, p0)), hd, cnt, hd, out, ldp);
     }
 };
 
@@ -65,12 +64,11 @@ struct Q8Reader : ReaderBase {
     const Kernels& k;
 
     void scores(const float* q, int nq, int kvh, int p0, int cnt, float* out) const {  // p0: tile aligned
-        k.attn_scores_q8(q, nq, cache.keys(layer, kvh, p0) + key_q8_index(p0 % KvCache::kBlock, 0, hd),
-                         cache.key_scales(layer, kvh) + p0, int64_t(hd) * kKeyTile, cnt, hd, scale, out, lds);
+        k.attn_scores_q8(q, nq, cache.keys(layer, kvh, p0), cache.key_scales(layer, kvh) + p0,
+                         int64_t(hd) * kKeyTile, cnt, hd, scale, out, lds);
     }
     void values(const float* p, int nq, int kvh, int p0, int cnt, float* out) const {  // p0 % 32 == 0
-        k.attn_values_q8(p, lds, nq, reinterpret_cast<const int8_t*>(cache.values(layer, kvh, p0)) +
-                                         value_q8_index(p0 % KvCache::kBlock, 0, hd),
+        k.attn_values_q8(p, lds, nq, reinterpret_cast<const int8_t*>(cache.values(layer, kvh, p0)),
                          cache.value_scales(layer, kvh) + p0, int64_t(hd) * 4, cnt, hd, out, ldp);
     }
 };

@@ -97,14 +97,22 @@ void KvCache::hint_huge(int layer, int n) {
 static size_t key_step(bool q8, int c) { return q8 ? size_t(c / 4) * 64 + c % 4 : size_t(c) * kKeyTile; }
 static size_t value_step(bool q8, int c) { return q8 ? size_t(c) * 4 : size_t(c); }
 
-size_t KvCache::key_at(int p, int h, int c) const {
-    const size_t head = head_offset(h, p) / elem_;
-    return head + (type_ == KvType::Q8_0 ? key_q8_index(p % kBlock, c, head_dim_) : key_tile_index(p % kBlock, c, head_dim_));
+// The head's run in p's block, then p's place in it (key_tile_index / value rows; q8_0:
+// key_q8_index / value_q8_index with the head's hd as the width).
+static size_t head_run(int p, int h, int n_head_kv, int hd) {
+    return (size_t(p / KvCache::kBlock) * n_head_kv + h) * KvCache::kBlock * hd;
 }
 
-size_t KvCache::value_at(int p, int h, int c) const {
-    const size_t head = head_offset(h, p) / elem_;
-    return head + (type_ == KvType::Q8_0 ? value_q8_index(p % kBlock, c, head_dim_) : size_t(p % kBlock) * head_dim_ + c);
+size_t KvCache::key_at(int p, int h) const {
+    const int i = p % kBlock;
+    return head_run(p, h, n_head_kv_, head_dim_) +
+           (type_ == KvType::Q8_0 ? key_q8_index(i, 0, head_dim_) : key_tile_index(i, 0, head_dim_));
+}
+
+size_t KvCache::value_at(int p, int h) const {
+    const int i = p % kBlock;
+    return head_run(p, h, n_head_kv_, head_dim_) +
+           (type_ == KvType::Q8_0 ? value_q8_index(i, 0, head_dim_) : size_t(i) * head_dim_);
 }
 
 void KvCache::store(const Kernels& kernels, int layer, int pos, const float* k, const float* v) {
@@ -113,7 +121,7 @@ void KvCache::store(const Kernels& kernels, int layer, int pos, const float* k, 
     uint8_t *K = at(k_, layer), *V = at(v_, layer);
     for (int h = 0; h < n_head_kv_; ++h) {
         const float *kh = k + h * hd, *vh = v + h * hd;
-        const size_t k0 = key_at(pos, h, 0), v0 = value_at(pos, h, 0);
+        const size_t k0 = key_at(pos, h), v0 = value_at(pos, h);
         if (type_ == KvType::Q8_0) {  // K stored unsigned (k + 128), V signed
             int8_t q[512];
             int32_t sum;
@@ -167,7 +175,7 @@ void KvCache::copy_rows(int layer, int n, char* krows, char* vrows, bool to_rows
     uint8_t *K = at(k_, layer), *V = at(v_, layer);
     for (int p = 0; p < n; ++p)
         for (int h = 0; h < n_head_kv_; ++h) {
-            const size_t r = size_t(p) * KV + size_t(h) * hd, k0 = key_at(p, h, 0), v0 = value_at(p, h, 0);
+            const size_t r = size_t(p) * KV + size_t(h) * hd, k0 = key_at(p, h), v0 = value_at(p, h);
             if (elem_ == 4)
                 copy_head(reinterpret_cast<float*>(K), reinterpret_cast<float*>(V), k0, v0,
                           reinterpret_cast<float*>(krows) + r, reinterpret_cast<float*>(vrows) + r, hd, to_rows);

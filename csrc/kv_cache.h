@@ -49,10 +49,12 @@ class KvCache {
     void store(const Kernels& kernels, int layer, int pos, const float* k, const float* v);
 
     static constexpr int kBlock = kAttnSplit;
-    // Kv head `head`'s K and V in the block that holds position pos (at the block's first
-    // position: the reader adds pos % kBlock's tile or row); n_ctx rounded up to whole blocks.
-    const uint8_t* keys(int layer, int head, int pos) const { return at(k_, layer) + head_offset(head, pos); }
-    const uint8_t* values(int layer, int head, int pos) const { return at(v_, layer) + head_offset(head, pos); }
+    // Kv head `head`'s K from the key tile of position pos (pos a multiple of kKeyTile; tiles of
+    // hd channels, hd x kKeyTile elements apart) and its V from the row of pos (rows hd elements
+    // apart; q8_0: pos a multiple of 4, quads hd x 4 bytes apart), both up to the end of pos's
+    // block; n_ctx rounded up to whole blocks.
+    const uint8_t* keys(int layer, int head, int pos) const { return at(k_, layer) + key_at(pos, head) * elem_; }
+    const uint8_t* values(int layer, int head, int pos) const { return at(v_, layer) + value_at(pos, head) * elem_; }
     // q8_0: a kv head's scales of a layer, one per position from position 0
     const float* key_scales(int layer, int head) const { return kscale() + scale_index(layer, head); }
     const float* value_scales(int layer, int head) const { return vscale() + scale_index(layer, head); }
@@ -66,12 +68,9 @@ class KvCache {
   private:
     size_t layer_bytes() const { return size_t(n_rows_) * kv_dim_ * elem_; }
     uint8_t* at(const AlignedBytes& cache, int layer) const { return cache.get() + layer_bytes() * layer; }
-    size_t head_offset(int head, int pos) const {  // bytes from a layer's start
-        return (size_t(pos / kBlock) * n_head_kv_ + head) * kBlock * head_dim_ * elem_;
-    }
-    // element (p, c < hd) of kv head h in a layer's K or V, in elements of the type
-    size_t key_at(int p, int h, int c) const;
-    size_t value_at(int p, int h, int c) const;
+    // channel 0 of position p of kv head h in a layer's K or V, in elements of the type
+    size_t key_at(int p, int h) const;
+    size_t value_at(int p, int h) const;
     size_t scale_index(int layer, int head) const { return (size_t(layer) * n_head_kv_ + head) * n_rows_; }
     // between the cache's layouts and (n, kv_dim) rows, in either direction
     void copy_rows(int layer, int n, char* krows, char* vrows, bool to_rows);
