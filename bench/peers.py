@@ -143,12 +143,13 @@ class LlamaBench:
         return self.build, self.isa
 
     def run(self, quant: str, threads: int, tokens: list[int], tests: list[str],
-            model: str | None = None) -> dict[str, float]:
-        """Seconds per test on `model` (default: the kernel workload's file for `quant`)."""
+            model: str | None = None, warmup: tuple[str, ...] = WARMUP) -> dict[str, float]:
+        """Seconds per test on `model` (default: the kernel workload's file for `quant`), after
+        the `warmup` tests (not returned)."""
         from workload import model_path
 
-        pp = [t for t in list(WARMUP) + tests if t.startswith("pp")]
-        tg = [t for t in list(WARMUP) + tests if t.startswith("tg")]
+        pp = [t for t in list(warmup) + tests if t.startswith("pp")]
+        tg = [t for t in list(warmup) + tests if t.startswith("tg")]
         cmd = [str(self.exe), "-m", model or model_path(quant), "-t", str(threads), "-r", "1", "--no-warmup",
                "-o", "json", "-p", ",".join(str(n_tokens(t)) for t in pp) or "0",
                "-n", ",".join(str(n_tokens(t)) for t in tg) or "0"]

@@ -39,11 +39,17 @@ each engine's block (from commit c427490 on; before, it was assumed warm after t
 
 Decode bytes per token: the bytes the matmuls read per decoded token, the sum of the matrices'
 bytes in the file (the output head once; an untied token_embd is a row lookup and not counted).
-A tg row's achieved GB/s = tok/s x that, and frac_roof divides it by the DRAM read bandwidth
-measured in the same run at the same thread count (roofline.py, "read_dram_gbps", the highest of
-probes at the start, after every block of the engines' runs of a type and thread count (from
-2026-12-05T23:40 on), and at the end of the run): these models
-do not fit in the last-level cache, so DRAM is the roof. A pp row's achieved GOP/s = tok/s x 2 x
+A tg row's achieved GB/s = tok/s x that, over the DRAM read bandwidth (these models do not fit
+in the last-level cache, so DRAM is the roof) at the same thread count: from 2026-12-07T13:30 on,
+probed (roofline.dram_read) right before and right after each repetition's decode (zen5: inside
+its child, around tg128; llama.cpp: around a llama-bench process of its own for tg128, after
+the pp tests' one, its warm-up the tg8 only), each repetition's GB/s over the mean of its two
+probes, frac_roof the median of those fractions and "roof" the median of the means, as the
+DeepSeek V4 mode does: this VM's bandwidth moved by 1.7x within seconds, so a probe minutes
+away misstates the roof a decode had; the row's note gives the fraction of the run's highest
+probe too. Before, and where a repetition has no probes: the highest probe of the run (at the
+start, after every block of the engines' runs of a type and thread count (from 2026-12-05T23:40
+on), and at the end; roofline.py, "read_dram_gbps"). A pp row's achieved GOP/s = tok/s x 2 x
 matmul parameters, over the tier's int8 peak (BF16: the fp32 FMA peak), as in the kernel mode.
 
 Output: `<stem>-real.csv` in --out (appended; columns REAL_COLUMNS; stem as the harness's), one
@@ -71,6 +77,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import real_models  # noqa: E402
+import roofline  # noqa: E402
 from workload import WARMUP, fixed_text, n_tokens, time_test, wait_promoted  # noqa: E402
 
 REAL_REPEAT = 3  # the default repetitions of this mode (a 8B block takes minutes)
@@ -186,8 +193,13 @@ def worker(spec: dict) -> dict:
         need = max(n_tokens(t) for t in list(WARMUP) + spec["tests"] if t.startswith("pp"))
         if len(tokens) < need:
             raise RuntimeError(f"the fixed text has {len(tokens)} tokens, the tests need {need}")
+        probe = spec.get("probe_tier")
         for test in list(WARMUP) + list(spec["tests"]):
+            timed = probe and test in spec["tests"] and test.startswith("tg")
+            before = roofline.dram_read(spec["threads"], probe) if timed else 0.0
             out["secs"][test] = time_test(eng.native_ctx, tokens, test, eos)
+            if timed:  # the DRAM roof of this decode's own moment (module doc)
+                out.setdefault("tg_roofs", {})[test] = (before + roofline.dram_read(spec["threads"], probe)) / 2
         out["secs"] = {t: out["secs"][t] for t in spec["tests"]}
     return out
 
@@ -198,22 +210,22 @@ class Zen5Block:
     def __init__(self, isa: str, n_ctx: int, cache_dir: str):
         self.isa, self.n_ctx, self.cache_dir = isa, n_ctx, cache_dir
 
-    def block(self, path: str, threads: int, tests: list[str]) -> dict:
+    def block(self, path: str, threads: int, tests: list[str], probe_tier: str = "") -> dict:
         """The first load (no cache: packs, writes it), then a load from the cache and the tests."""
         for f in Path(self.cache_dir).iterdir():
             f.unlink()
         first = self.child(path, threads, [])
         for f in Path(self.cache_dir).iterdir():  # into the page cache, as the peer's file is (module doc)
             read_through(f)
-        res = self.child(path, threads, tests)
+        res = self.child(path, threads, tests, probe_tier)
         if first["cache"] != "written" or res["cache"] != "hit":
             raise RuntimeError(f"weight cache: first load {first['cache']!r}, second {res['cache']!r}")
         res["first"] = first
         return res
 
-    def child(self, path: str, threads: int, tests: list[str]) -> dict:
+    def child(self, path: str, threads: int, tests: list[str], probe_tier: str = "") -> dict:
         spec = dict(path=path, threads=threads, tests=tests, isa=self.isa, n_ctx=self.n_ctx,
-                    weight_cache=self.cache_dir)
+                    weight_cache=self.cache_dir, probe_tier=probe_tier)
         proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
                               capture_output=True, text=True)
         lines = proc.stdout.strip().splitlines()
@@ -263,9 +275,16 @@ class LlamaBlock:
         return dict(load_s=t1 - t0, rss_peak=peak, rss_after=st.get("VmRSS", 0), kv_bytes="",
                     first_token_s=json.loads(line)["avg_ns"] / 1e9)
 
-    def block(self, path: str, threads: int, tests: list[str]) -> dict:
+    def block(self, path: str, threads: int, tests: list[str], probe_tier: str = "") -> dict:
         res = self.probe(path, threads)
-        res["secs"] = self.bench.run("", threads, [], tests, model=path) if tests else {}
+        pp, tg = [t for t in tests if not t.startswith("tg")], [t for t in tests if t.startswith("tg")]
+        res["secs"] = self.bench.run("", threads, [], pp, model=path) if pp else {}
+        for test in tg:  # its own llama-bench process, so that DRAM probes bracket it (module doc)
+            before = roofline.dram_read(threads, probe_tier) if probe_tier else 0.0
+            res["secs"].update(self.bench.run("", threads, [], [test], model=path,
+                                              warmup=tuple(w for w in WARMUP if w.startswith("tg"))))
+            if probe_tier:
+                res.setdefault("tg_roofs", {})[test] = (before + roofline.dram_read(threads, probe_tier)) / 2
         res["build"], res["isa"] = self.bench.describe("", threads)
         return res
 
@@ -294,6 +313,7 @@ class RealRun:
         self.failed: dict[tuple, str] = {}            # (engine, quant, threads) -> why
         self.roofs: dict[int, dict] = {}
         self.dram_probes: dict[int, list[float]] = {}  # threads -> the probes between blocks
+        self.tg_roofs: dict[tuple, list[float]] = {}   # as samples: each decode's bracketing probes' mean
         self.files: dict[str, str] = {}
 
     def tests(self) -> list[str]:
@@ -301,8 +321,6 @@ class RealRun:
 
     def execute(self) -> dict:
         import harness
-        import roofline
-
         cfg = self.cfg
         self.log(f"real model sizes: {self.shape.name} ({self.shape.n_params() / 1e9:.2f} G parameters), "
                  f"{', '.join(self.types)}; {real_models.SPEED_NOTE}")
@@ -375,7 +393,7 @@ class RealRun:
                 # load that found it on disk took 33.8 s (its arena's fresh memory: 8.6 s) while
                 # llama.cpp right after it loaded the now cached file in 9.6 s (2026-12-06)
                 read_through(Path(self.files[q]))
-                res = eng.block(self.files[q], threads, tests)
+                res = eng.block(self.files[q], threads, tests, self.tier if threads in self.roofs else "")
             except Exception as e:  # one engine's failure costs only its own rows
                 self.failed[key] = str(e).replace("\n", " ")[:300]
                 self.log(f"{eng.name} {q} {threads}t failed: {self.failed[key]}")
@@ -384,6 +402,8 @@ class RealRun:
             self.loads.setdefault(key, []).append(res)
             for test, dt in res["secs"].items():
                 self.samples.setdefault(key + (test,), []).append(dt)
+                if test in res.get("tg_roofs", {}):
+                    self.tg_roofs.setdefault(key + (test,), []).append(res["tg_roofs"][test])
             if "first" in res:
                 f = res["first"]
                 self.log(f"{eng.name} {q} {threads}t: first load {f['load_s']:.2f} s, peak RSS "
@@ -399,8 +419,6 @@ class RealRun:
         bandwidth moves within minutes, and probes only at the start and the end of a run (both
         15.6 / 29.0 GB/s at 1 / 2 threads, in a run whose 1.7B Q8_0 decode read 29.6 GB/s at 2)
         put decode above its "roof". The roof is the highest read of the run (roofline.best_of)."""
-        import roofline
-
         if threads not in self.roofs:
             return
         gbps = roofline.dram_read(threads, self.tier)
@@ -409,8 +427,6 @@ class RealRun:
 
     # ------------------------------------------------------------ results
     def rows(self) -> list[dict]:
-        import roofline
-
         date = datetime.datetime.now().isoformat(timespec="seconds")
         stats = {q: matmul_stats(p) for q, p in self.files.items()}
         blank = {c: "" for c in REAL_COLUMNS}
@@ -433,7 +449,17 @@ class RealRun:
             if threads in self.roofs:
                 roof = self.roofs[threads]
                 ach, unit, frac, _ = roofline.fractions(test, med, roof, stats[q][0], 2.0 * stats[q][1], q)
-                if test.startswith("tg"):  # these models stream from DRAM: the DRAM read roof
+                bracketed = self.tg_roofs.get((engine, q, threads, test), [])
+                if test.startswith("tg") and len(bracketed) == len(secs):
+                    # each decode over the DRAM read probed right before and after it, the
+                    # median of those fractions; over the run's highest probe in the note
+                    peak = statistics.median(bracketed)
+                    frac = statistics.median(n_tokens(test) / s * stats[q][0] / 1e9 / g
+                                             for s, g in zip(secs, bracketed))
+                    row["note"] = (f"roof: the DRAM read probed right before and after each decode (means "
+                                   f"{', '.join(f'{g:.1f}' for g in bracketed)} GB/s); over the run's highest "
+                                   f"probe ({roof['read_dram_gbps']:.1f} GB/s): {ach / roof['read_dram_gbps']:.1%}")
+                elif test.startswith("tg"):  # these models stream from DRAM: the DRAM read roof
                     peak, frac = roof["read_dram_gbps"], ach / roof["read_dram_gbps"]
                 else:
                     peak = roof["fma_fp32_gflops"] if q in roofline.FLOAT_QUANTS else roofline.int8_peak(roof)

@@ -245,9 +245,12 @@ def render_real(path: Path, rows: list[dict]) -> str:
                        + f"1-minute load average {ld} at the start{_run_roofs(rows, rid)})" for rid, c, isa, ld in runs)
            + f"; {'/'.join(reps)} repetitions (medians, tokens/s), steal {steal:.1f}% of CPU time. "
            f"*roof*: decode GB/s (tok/s x the matrices' bytes, read once per token) over the DRAM read "
-           f"bandwidth measured in the same run at the same thread count (the highest of its probes: "
-           f"at the start and the end, and from 2026-12-05T23:02 on after every block of a type and "
-           f"thread count too); prefill GOP/s (2 x matmul "
+           f"bandwidth at the same thread count: where the cell has a second figure (runs from "
+           f"2026-12-07T13:30 on), probed right before and right after each decode, each repetition "
+           f"over the mean of its two probes, the median of those fractions, and in brackets the "
+           f"fraction of the run's highest probe; otherwise the highest of the run's probes (at the "
+           f"start and the end, and from 2026-12-05T23:02 on after every block of a type and thread "
+           f"count too); prefill GOP/s (2 x matmul "
            f"parameters per token) over the tier's int8 peak (BF16: the fp32 FMA peak).", ""]
     out += ["| model | weights | threads | test | zen5 | " + " | ".join(lbl for _, lbl in peers) + " | zen5 of roof |",
             "|---|---|---:|---|---:|" + "---:|" * len(peers) + "---:|"]
@@ -259,6 +262,9 @@ def render_real(path: Path, rows: list[dict]) -> str:
         cells = [bold(float(p["tps_median"]), f"{_fmt(float(p['tps_median']))} ({z / float(p['tps_median']):.2f}x)")
                  if p else "-" for p in found]
         roof = f"{100 * float(r['frac_roof']):.0f}%" if r["frac_roof"] else "-"
+        highest = re.search(r"over the run's highest probe \([0-9.]+ GB/s\): ([0-9.]+)%", r.get("note") or "")
+        if highest and r["frac_roof"]:  # a decode divided by the probes around it (real_bench.py)
+            roof += f" ({float(highest.group(1)):.0f}%)"
         tier_of = f" ({r['isa']})" if len(isas) > 1 else ""  # rows from runs on different tiers
         out.append(f"| {r['model_size'].upper()} | {r['quant']} | {r['threads']} | {r['test']} | "
                    f"{bold(z, _fmt(z))}{tier_of} | "
