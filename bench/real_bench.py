@@ -40,7 +40,7 @@ each engine's block (from commit c427490 on; before, it was assumed warm after t
 Decode bytes per token: the bytes the matmuls read per decoded token, the sum of the matrices'
 bytes in the file (the output head once; an untied token_embd is a row lookup and not counted).
 A tg row's achieved GB/s = tok/s x that, over the DRAM read bandwidth (these models do not fit
-in the last-level cache, so DRAM is the roof) at the same thread count: from 2026-12-07T13:30 on,
+in the last-level cache, so DRAM is the roof) at the same thread count: from 2026-12-07T13:09 on,
 probed (roofline.dram_read) right before and right after each repetition's decode (zen5: inside
 its child, around tg128; llama.cpp: around a llama-bench process of its own for tg128, after
 the pp tests' one, its warm-up the tg8 only), each repetition's GB/s over the mean of its two
@@ -321,6 +321,7 @@ class RealRun:
 
     def execute(self) -> dict:
         import harness
+
         cfg = self.cfg
         self.log(f"real model sizes: {self.shape.name} ({self.shape.n_params() / 1e9:.2f} G parameters), "
                  f"{', '.join(self.types)}; {real_models.SPEED_NOTE}")

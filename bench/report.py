@@ -246,7 +246,7 @@ def render_real(path: Path, rows: list[dict]) -> str:
            + f"; {'/'.join(reps)} repetitions (medians, tokens/s), steal {steal:.1f}% of CPU time. "
            f"*roof*: decode GB/s (tok/s x the matrices' bytes, read once per token) over the DRAM read "
            f"bandwidth at the same thread count: where the cell has a second figure (runs from "
-           f"2026-12-07T13:30 on), probed right before and right after each decode, each repetition "
+           f"2026-12-07T13:09 on), probed right before and right after each decode, each repetition "
            f"over the mean of its two probes, the median of those fractions, and in brackets the "
            f"fraction of the run's highest probe; otherwise the highest of the run's probes (at the "
            f"start and the end, and from 2026-12-05T23:02 on after every block of a type and thread "
