@@ -186,16 +186,17 @@ def render(results: Path) -> str:
 
 # ---------------------------------------------------------------- real model sizes
 def real_runs(results: Path) -> list[tuple[Path, list[dict]]]:
-    """Per `<stem>-real.csv`: for each (model size, weight type) the rows of its latest full or
-    custom run (the smoke shape "tiny" and quick runs never render)."""
+    """Per `<stem>-real.csv`: for each (model size, weight type, threads) the rows of its latest
+    full or custom run (the smoke shape "tiny" and quick runs never render): a run restricted to
+    some thread counts (`--threads 2`) replaces only those rows."""
     out = []
     for path in sorted(results.glob("*-real.csv")):
         rows = [r for r in _read(path) if r["workload"] in ("full", "custom") and r["model_size"] in SIZE_ORDER]
         latest: dict[tuple, str] = {}
         for r in rows:
-            k = (r["model_size"], r["quant"])
+            k = (r["model_size"], r["quant"], r["threads"])
             latest[k] = max(latest.get(k, ""), r["run_id"])
-        keep = [r for r in rows if r["run_id"] == latest[(r["model_size"], r["quant"])]]
+        keep = [r for r in rows if r["run_id"] == latest[(r["model_size"], r["quant"], r["threads"])]]
         if keep:
             out.append((path, keep))
     return out

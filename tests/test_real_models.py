@@ -192,7 +192,9 @@ def test_report_renders_real_model_rows_beside_the_135m_ones(tmp_path):
             + _real_rows("2026-02-01T00:00:00", "1.7b", "BF16", 3.0)    # kept: BF16's latest is the older run
             + _real_rows("2026-02-03T00:00:00", "8b", "Q8_0", 2.0, workload="custom")
             + _real_rows("2026-02-04T00:00:00", "tiny", "Q4_0", 99.0)   # the smoke shape never renders
-            + _real_rows("2026-02-04T00:00:00", "8b", "Q4_1", 99.0, workload="quick"))
+            + _real_rows("2026-02-04T00:00:00", "8b", "Q4_1", 99.0, workload="quick")
+            # a later run at 1 thread only (--threads 1): it replaces the 1-thread rows, not the 2-thread ones
+            + [dict(r, threads=1) for r in _real_rows("2026-02-05T00:00:00", "1.7b", "Q4_0", 21.0, workload="custom")])
     rows.append(dict(rows[0], run_id="2026-02-03T00:00:00", model_size="8b", quant="Q8_0", engine="zen5",
                      test="failed", threads=1, note="zen5 child failed (signal 9, killed: out of memory?)"))
     for r in rows:  # the first loads' fresh-memory probe, as real_bench notes it (from 2026-12-04 on)
@@ -209,6 +211,7 @@ def test_report_renders_real_model_rows_beside_the_135m_ones(tmp_path):
     assert "**random weights**" in real and "speed does not depend on the weights' values" in real
     assert "| model | weights | threads | test | zen5 | llama.cpp native (AVX-512) | zen5 of roof |" in real
     assert "| 1.7B | Q4_0 | 2 | tg128 | **15.0** | 10.0 (1.50x) | 45% |" in real
+    assert "| 1.7B | Q4_0 | 1 | tg128 | **21.0** | 10.0 (2.10x) | 63% |" in real
     assert "| 1.7B | Q4_0 | 2 | pp512 | **60.0** | 40.0 (1.50x) | 40% |" in real
     # each run names the roofs its rows were measured against (they move from run to run on a VM)
     assert "load average 0.3 at the start; roofs at 2 threads: DRAM read 30 GB/s, int8 peak 300 GOP/s)" in real
