@@ -151,6 +151,13 @@ def matmul_stats(path: str) -> tuple[int, int]:
     return sum(t.nbytes for t in mats), sum(t.shape[0] * t.shape[1] for t in mats)
 
 
+def bracketed(threads: int, tier: str, run):
+    """run() between two DRAM read probes (module doc): (its result, the mean of the probes)."""
+    before = roofline.dram_read(threads, tier)
+    out = run()
+    return out, (before + roofline.dram_read(threads, tier)) / 2
+
+
 # ---------------------------------------------------------------- zen5: one block in a child process
 def worker(spec: dict) -> dict:
     """The child's work: load, one token (timed, memory read), then the warm-up and the tests."""
@@ -195,11 +202,11 @@ def worker(spec: dict) -> dict:
             raise RuntimeError(f"the fixed text has {len(tokens)} tokens, the tests need {need}")
         probe = spec.get("probe_tier")
         for test in list(WARMUP) + list(spec["tests"]):
-            timed = probe and test in spec["tests"] and test.startswith("tg")
-            before = roofline.dram_read(spec["threads"], probe) if timed else 0.0
-            out["secs"][test] = time_test(eng.native_ctx, tokens, test, eos)
-            if timed:  # the DRAM roof of this decode's own moment (module doc)
-                out.setdefault("tg_roofs", {})[test] = (before + roofline.dram_read(spec["threads"], probe)) / 2
+            if probe and test in spec["tests"] and test.startswith("tg"):  # the roof of its own moment
+                out["secs"][test], out.setdefault("tg_roofs", {})[test] = bracketed(
+                    spec["threads"], probe, lambda: time_test(eng.native_ctx, tokens, test, eos))
+            else:
+                out["secs"][test] = time_test(eng.native_ctx, tokens, test, eos)
         out["secs"] = {t: out["secs"][t] for t in spec["tests"]}
     return out
 
@@ -280,11 +287,13 @@ class LlamaBlock:
         pp, tg = [t for t in tests if not t.startswith("tg")], [t for t in tests if t.startswith("tg")]
         res["secs"] = self.bench.run("", threads, [], pp, model=path) if pp else {}
         for test in tg:  # its own llama-bench process, so that DRAM probes bracket it (module doc)
-            before = roofline.dram_read(threads, probe_tier) if probe_tier else 0.0
-            res["secs"].update(self.bench.run("", threads, [], [test], model=path,
-                                              warmup=tuple(w for w in WARMUP if w.startswith("tg"))))
+            def run(test=test):
+                return self.bench.run("", threads, [], [test], model=path,
+                                      warmup=tuple(w for w in WARMUP if w.startswith("tg")))[test]
             if probe_tier:
-                res.setdefault("tg_roofs", {})[test] = (before + roofline.dram_read(threads, probe_tier)) / 2
+                res["secs"][test], res.setdefault("tg_roofs", {})[test] = bracketed(threads, probe_tier, run)
+            else:
+                res["secs"][test] = run()
         res["build"], res["isa"] = self.bench.describe("", threads)
         return res
 
