@@ -68,7 +68,7 @@ def test_the_real_inventory_loads_mapped_without_resident_growth(inventory):
 
 
 RUN = r"""
-import json, sys, time
+import json, os, sys, time
 import numpy as np
 from zen5.engine import Engine
 from zen5.loader.deepseek_v4 import load_deepseek_v4_dir
@@ -79,14 +79,14 @@ def rss(key="VmRSS:"):
             return int(line.split()[1]) * 1024
 
 base = rss()
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), os.times()
 e = Engine(load_deepseek_v4_dir(sys.argv[1], require_tokenizer=False, layers=3), threads=2, n_ctx=64,
            weight_cache="off")
 opened = time.perf_counter() - t0
 logits = np.asarray(e.native_ctx.eval([7], True))
-first = time.perf_counter() - t0
+first, c1 = time.perf_counter() - t0, os.times()
 more = np.asarray(e.native_ctx.eval([8, 9, 10, 11, 12, 13, 14], True))  # ratio 4 compresses at 4 and 8
-print(json.dumps(dict(opened=opened, first=first, growth=rss() - base, peak=rss("VmHWM:") - base,
+print(json.dumps(dict(opened=opened, first=first, user=c1.user - c0.user, system=c1.system - c0.system, growth=rss() - base, peak=rss("VmHWM:") - base,
                       arena=e.native.weight_bytes, packed=e.native.expert_bytes_packed,
                       experts=e.native.expert_bytes_total, finite=bool(np.isfinite(logits).all() and
                       np.isfinite(more).all()), shape=list(more.shape), info=e.info()["expert_bytes_packed"])))
@@ -102,7 +102,7 @@ def test_tokens_run_through_three_real_size_layers_of_the_sparse_inventory(inven
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     print(f"\nV4 Flash, 3 of its layers from the sparse inventory: opened in {out['opened']:.1f} s, first token "
-          f"after {out['first']:.1f} s; arena {out['arena'] / 1e9:.2f} GB, experts packed "
+          f"after {out['first']:.1f} s (CPU: user {out['user']:.1f} s, system {out['system']:.1f} s); arena {out['arena'] / 1e9:.2f} GB, experts packed "
           f"{out['packed'] / 1e6:.0f} of {out['experts'] / 1e9:.1f} GB; resident growth {out['growth'] / 1e9:.2f} GB, "
           f"peak {out['peak'] / 1e9:.2f} GB")
     assert out["finite"] and out["shape"] == [7, 129280]
@@ -112,4 +112,8 @@ def test_tokens_run_through_three_real_size_layers_of_the_sparse_inventory(inven
     assert out["packed"] == out["info"] == 3 * one and out["experts"] == 256 * 3 * one
     # nothing beyond what the kernels read: the arena, the packed experts and scratch
     assert out["peak"] < 1.15 * (out["arena"] + out["packed"]) + (300 << 20), out
-    assert out["first"] < 120
+    # the bound is on the process's own work, its user CPU time to the first token (3.5 s here with
+    # the page cache warm); the wall time is reported, not bounded: the rest of it is the kernel
+    # zeroing pages (the holes' page cache and the arena), whose speed is the host's. On
+    # this VM a first touch ran at 0.07-7 GB/s, and the same load took 5 s to 155 s of wall time
+    assert out["user"] < 30, out
