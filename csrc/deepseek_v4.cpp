@@ -102,10 +102,6 @@ V4Context::V4Context(std::shared_ptr<const V4Model> model, int n_ctx, const Kern
     rlog_.resize(T * c.n_experts);
 }
 
-const float* V4Context::freq(int l) const {
-    return model_->cfg.ratios[l] ? model_->freq_compress.data() : model_->freq_main.data();
-}
-
 size_t V4Context::bytes_per_token() const {
     const V4Config& c = model_->cfg;
     double b = 4;  // the token id (a rewind may replay it)
@@ -304,16 +300,30 @@ void V4Context::matmuls(const std::vector<MatJob>& jobs) {
     model_->pool.run_rows(rows.data(), int(J), run);
 }
 
+// (cos, sin) of pos * f[i] for the rope_dim / 2 pairs, at cs[2i], cs[2i + 1]
+static void rope_angles(const float* f, int rd, int pos, float* cs) {
+    for (int i = 0; i < rd / 2; ++i) {
+        const float angle = float(pos) * f[i];
+        cs[2 * i] = std::cos(angle), cs[2 * i + 1] = std::sin(angle);
+    }
+}
+
 void V4Context::rope(float* v, int dim, const float* f, int pos, bool inverse) const {
+    thread_local std::vector<float> cs;
+    cs.resize(size_t(model_->cfg.rope_dim));
+    rope_angles(f, model_->cfg.rope_dim, pos, cs.data());
+    rope_at(v, dim, cs.data(), inverse);
+}
+
+void V4Context::rope_at(float* v, int dim, const float* cs, bool inverse) const {
     // interleaved pairs (2i, 2i+1) on the last rope_dim values of a dim-wide head
     const int rd = model_->cfg.rope_dim;
     float* p = v + dim - rd;
     for (int i = 0; i < rd / 2; ++i) {
-        const float angle = float(pos) * f[i];
-        const float cs = std::cos(angle), sn = inverse ? -std::sin(angle) : std::sin(angle);
+        const float c = cs[2 * i], sn = inverse ? -cs[2 * i + 1] : cs[2 * i + 1];
         const float x0 = p[2 * i], x1 = p[2 * i + 1];
-        p[2 * i] = x0 * cs - x1 * sn;
-        p[2 * i + 1] = x1 * cs + x0 * sn;
+        p[2 * i] = x0 * c - x1 * sn;
+        p[2 * i + 1] = x1 * c + x0 * sn;
     }
 }
 
@@ -463,7 +473,6 @@ void V4Context::attention(int l, int n, const float* x, float* out) {
     const V4Layer& L = model_->layers[l];
     LayerState& s = st_[l];
     const int H = c.n_heads, hd = c.head_dim, qd = H * hd, r = L.ratio, rd = c.rope_dim;
-    const float* f = freq(l);
     const int IH = c.index_heads, id = c.index_dim;
     // every projection of the layer's input at once: Q's low rank, KV, the compressors' kv and
     // gate, the indexer's head weights (the indexer's compressor after the main one's, in ckv_/cg_)
@@ -490,13 +499,13 @@ void V4Context::attention(int l, int n, const float* x, float* out) {
     items(n * H, [&](int i) {  // per (token, head), as the indexer's queries below
         float* qh = q_.data() + size_t(i) * hd;
         unweighted_rms(qh, hd, c.rms_eps);
-        rope(qh, hd, f, n_past_ + i / H, false);
+        rope_at(qh, hd, rot(r != 0, i / H), false);
     });
     items(n, [&](int t) {
         // KV: one shared head, weighted norm, RoPE, FP8 simulation of the non-rope part
         float* row = s.raw.data() + size_t(n_past_ + t) * hd;
         k_.rmsnorm(kv_.data() + size_t(t) * hd, L.kv_norm, hd, c.rms_eps, row);
-        rope(row, hd, f, n_past_ + t, false);
+        rope_at(row, hd, rot(r != 0, t), false);
         if (qat_) v4_fp8_sim(row, hd - rd, 64);
     });
     if (r) compress(l, L.comp, false, n, ckv_.data(), cg_.data());
@@ -506,7 +515,7 @@ void V4Context::attention(int l, int n, const float* x, float* out) {
         // them all to one thread: with the compressors, 0.25 -> 0.15 ms per decoded token at 2)
         items(n * IH, [&](int i) {
             float* qh = iq_.data() + size_t(i) * id;
-            rope(qh, id, model_->freq_compress.data(), n_past_ + i / IH, false);
+            rope_at(qh, id, rot(true, i / IH), false);
             if (qat_) {
                 v4_hadamard(qh, id);
                 v4_fp4_sim(qh, id, 32);
@@ -665,7 +674,7 @@ void V4Context::attention(int l, int n, const float* x, float* out) {
         float* o0 = att_.data() + size_t(t) * qd + size_t(h0) * hd;
         std::fill(o0, o0 + size_t(nh) * hd, 0.0f);
         k_.attn_values(sc.data(), ld, nh, g.rows.data(), hd, nk, hd, o0, hd);
-        for (int j = 0; j < nh; ++j) rope(o0 + size_t(j) * hd, hd, f, n_past_ + t, true);
+        for (int j = 0; j < nh; ++j) rope_at(o0 + size_t(j) * hd, hd, rot(r != 0, t), true);
     });
     // grouped low-rank output: group g's heads through its rows of wo_a, then wo_b
     const int G = c.o_groups, gin = qd / G, orow = G * c.o_rank;
@@ -802,6 +811,15 @@ void V4Context::forward_chunk(const int32_t* tokens, int n, float* all_logits) {
         k_.dequant_row(m.embed.type, m.embed.row(tokens[t]), D, x);
         for (int j = 1; j < H; ++j) std::memcpy(x + size_t(j) * D, x, sizeof(float) * D);
     }
+    // the tokens' rotations, shared by every head and layer: per head, a ratio-4 layer computed
+    // 193 x 32 (cos, sin) pairs per token (64 query heads, 64 outputs, 64 indexer heads, the KV
+    // row), 0.046 ms of one Zen 3 core per layer and token; now 2 x 32 per token
+    rot_n_ = n;
+    rot_.resize(2 * size_t(n) * c.rope_dim);
+    items(n, [&](int t) {
+        rope_angles(m.freq_main.data(), c.rope_dim, n_past_ + t, rot_.data() + size_t(t) * c.rope_dim);
+        rope_angles(m.freq_compress.data(), c.rope_dim, n_past_ + t, rot_.data() + size_t(n + t) * c.rope_dim);
+    });
     lap(rest);
     for (int l = 0; l < c.n_layers; ++l) {
         const V4Layer& L = m.layers[l];

@@ -225,7 +225,14 @@ class V4Context {
                 int64_t r0 = 0, int64_t r1 = -1) {
         matmuls({MatJob{&w, x, n, ldx, y, ldy, r0, r1}});
     }
+    // RoPE on the last rope_dim values of a dim-wide head: at position pos (the compressor's
+    // window starts), or by the chunk's token t's row of rot_ (rope_at(v, dim, rot(compressed, t)):
+    // freq_compress for a compressed layer's heads and the indexer's, else freq_main)
     void rope(float* v, int dim, const float* freq, int pos, bool inverse) const;
+    void rope_at(float* v, int dim, const float* cs, bool inverse) const;
+    const float* rot(bool compressed, int t) const {
+        return rot_.data() + (size_t(compressed) * rot_n_ + size_t(t)) * model_->cfg.rope_dim;
+    }
     // fn(t) for every t in [0, n): per-token steps, over the threads for a prefill chunk
     // (ThreadPool::run_items). On the calling thread alone, the hyper-connections, activation
     // quantization, norms, RoPE, QAT simulations, routing, the SwiGLU clamp and the experts'
@@ -242,7 +249,6 @@ class V4Context {
     void truncate(int n);         // n >= trunc_floor_: forget positions >= n
     void trim_inputs();           // drop compressor inputs before the current block's lead
     int lead(int l) const { return model_->cfg.ratios[l] == 4 ? 4 : 0; }  // inputs kept before a block
-    const float* freq(int l) const;
 
     std::shared_ptr<const V4Model> model_;
     const Kernels& k_;
@@ -256,6 +262,10 @@ class V4Context {
     std::vector<int32_t> tokens_; // every position's token (a rewind may replay them)
     std::vector<LayerState> st_;
     std::vector<float> logits_;
+    // the chunk's (cos, sin) pairs per token, for freq_main then freq_compress: every head of a
+    // token turns by the same angles, so they are computed once per token, not per head and layer
+    std::vector<float> rot_;
+    int rot_n_ = 0;
     std::vector<int32_t> experts_, selected_;
     std::vector<double> stage_s_;
     struct Rows { std::vector<float> rows, tiles; int nk = 0; };  // a token's attention rows, gathered
