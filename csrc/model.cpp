@@ -470,8 +470,8 @@ uint64_t pack_and_hash(const std::map<std::string, const TensorIn*>& by_name, co
         if (sampled && sampled->count(t->data)) {
             // the samples are read sparsely: with the mapping's read-around, the two faults of
             // each routed expert's tensors read most of them (a fault reads read_ahead_kb around
-            // it; 8 MiB on the Zen 3 VM, where V4 Flash's first 3 layers put 12.5 GB of the file
-            // into the page cache instead of 3.2, and their open took 54-164 s instead of 19)
+            // it; 8 MiB on the Zen 3 VM, where opening V4 Flash's first 3 layers put 12.5 GB of
+            // the file into the page cache and took 54-164 s; read sparsely, 2.7 GB and 13-35 s)
             const size_t k = std::min<size_t>(256, t->nbytes);
             const uint8_t* ends[] = {t->data, t->data + t->nbytes - k};
             for (const uint8_t* e : ends) maps.read_sparsely(e, k, true);
