@@ -266,12 +266,24 @@ void V4Model::prepare_experts(int l, const std::vector<int>& ids) const {
     std::vector<std::pair<int, int64_t>> tasks;
     for (size_t j = 0; j < jobs.size(); ++j)
         for (int64_t r = 0; r < jobs[j].src->rows; r += kPanelRows) tasks.push_back({int(j), r});
+    // The file is read exactly: each matrix's codes and scales asked for ahead, the mapping's
+    // read-around off while the tasks fault them in (a fault reads read_ahead_kb around it, into
+    // the neighbouring experts: on the Zen 3 VM, 8 MiB; 3 experts of V4 Flash's first 3 layers
+    // put 120 MB of the experts' file into the page cache, now 90 MB, 40 MB of it theirs)
+    const FileMaps maps;
+    std::vector<std::pair<const uint8_t*, size_t>> reads;
+    for (const Job& j : jobs) {
+        const WeightView& w = *j.src;
+        reads.push_back({w.data, size_t(w.rows) * w.row_bytes});
+        if (w.scales && w.type == kTypeMXFP4) reads.push_back({w.scales, size_t(w.rows) * size_t(w.cols / 32)});
+    }
+    for (const auto& [p, n] : reads) maps.read_sparsely(p, n, true), maps.will_need(p, n);
     pool.run(int(tasks.size()), [&](int t, int) {
         const Job& j = jobs[tasks[t].first];
         const int64_t r0 = tasks[t].second;
         pack_rows(*j.dst, j.at, r0, std::min(j.src->rows, r0 + kPanelRows));
     });
-    const FileMaps maps;
+    for (const auto& [p, n] : reads) maps.read_sparsely(p, n, false);
     for (const Job& j : jobs) maps.release(j.src->data, size_t(j.src->rows) * j.src->row_bytes);
     for (int e : fresh) slots[e].ready.store(true, std::memory_order_release);
 }

@@ -164,6 +164,14 @@ void FileMaps::read_sparsely(const void* p, size_t n, bool on) const {
 #endif
 }
 
+void FileMaps::will_need(const void* p, size_t n) const {
+#ifdef __linux__
+    advise(p, n, MADV_WILLNEED);
+#else
+    (void)p, (void)n;
+#endif
+}
+
 // Four rows' 16 bytes as a 4 x 4 matrix of 4-byte words, stored transposed: word j of the four
 // rows side by side at dst + j * stride. Both repacked layouts put 16 rows' 4-byte words side by
 // side; copying them 4 bytes at a time, row by row, was most of a first load's CPU time (8B Q4_1:

@@ -89,6 +89,7 @@ class FileMaps {
     // Reads of [p, p + n) fault in their own pages only (MADV_RANDOM; on = false: MADV_NORMAL
     // again): without it a fault reads read_ahead_kb of the file around it (8 MiB on the Zen 3 VM)
     void read_sparsely(const void* p, size_t n, bool on) const;
+    void will_need(const void* p, size_t n) const;  // MADV_WILLNEED: read exactly these pages ahead
     bool any() const { return !ranges_.empty(); }
   private:
     void advise(const void* p, size_t n, int advice) const;
