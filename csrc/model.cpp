@@ -134,9 +134,11 @@ FileMaps::FileMaps() {
 #endif
 }
 
-void FileMaps::advise(const void* p, size_t n, int advice) const {
+void FileMaps::advise(const void* p, size_t n, Advice what) const {
 #ifdef __linux__
     static const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+    const int advice = what == kDrop ? MADV_DONTNEED : what == kRandom ? MADV_RANDOM
+                       : what == kNormal ? MADV_NORMAL : MADV_WILLNEED;
     const uintptr_t a = reinterpret_cast<uintptr_t>(p);
     for (const auto& [lo, hi] : ranges_) {
         if (a >= hi || a + n <= lo) continue;
@@ -144,31 +146,7 @@ void FileMaps::advise(const void* p, size_t n, int advice) const {
         if (s < e) madvise(reinterpret_cast<void*>(s), e - s, advice);
     }
 #else
-    (void)p, (void)n, (void)advice;
-#endif
-}
-
-void FileMaps::release(const void* p, size_t n) const {
-#ifdef __linux__
-    advise(p, n, MADV_DONTNEED);
-#else
-    (void)p, (void)n;
-#endif
-}
-
-void FileMaps::read_sparsely(const void* p, size_t n, bool on) const {
-#ifdef __linux__
-    advise(p, n, on ? MADV_RANDOM : MADV_NORMAL);
-#else
-    (void)p, (void)n, (void)on;
-#endif
-}
-
-void FileMaps::will_need(const void* p, size_t n) const {
-#ifdef __linux__
-    advise(p, n, MADV_WILLNEED);
-#else
-    (void)p, (void)n;
+    (void)p, (void)n, (void)what;
 #endif
 }
 

@@ -85,14 +85,16 @@ struct TensorIn;
 class FileMaps {
   public:
     FileMaps();  // reads /proc/self/maps
-    void release(const void* p, size_t n) const;
+    void release(const void* p, size_t n) const { advise(p, n, kDrop); }
     // Reads of [p, p + n) fault in their own pages only (MADV_RANDOM; on = false: MADV_NORMAL
     // again): without it a fault reads read_ahead_kb of the file around it (8 MiB on the Zen 3 VM)
-    void read_sparsely(const void* p, size_t n, bool on) const;
-    void will_need(const void* p, size_t n) const;  // MADV_WILLNEED: read exactly these pages ahead
+    void read_sparsely(const void* p, size_t n, bool on) const { advise(p, n, on ? kRandom : kNormal); }
+    // MADV_WILLNEED: these pages read ahead, and no others
+    void will_need(const void* p, size_t n) const { advise(p, n, kWillNeed); }
     bool any() const { return !ranges_.empty(); }
   private:
-    void advise(const void* p, size_t n, int advice) const;
+    enum Advice { kDrop, kRandom, kNormal, kWillNeed };
+    void advise(const void* p, size_t n, Advice what) const;
     std::vector<std::pair<uintptr_t, uintptr_t>> ranges_;  // [start, end) of r--s file mappings
 };
 // Packs `mats` into one arena (PackedWeights / FloatPanels, set on each view) and hashes every
