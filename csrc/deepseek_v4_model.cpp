@@ -283,8 +283,7 @@ void V4Model::prepare_experts(int l, const std::vector<int>& ids) const {
         const int64_t r0 = tasks[t].second;
         pack_rows(*j.dst, j.at, r0, std::min(j.src->rows, r0 + kPanelRows));
     });
-    for (const auto& [p, n] : reads) maps.read_sparsely(p, n, false);
-    for (const Job& j : jobs) maps.release(j.src->data, size_t(j.src->rows) * j.src->row_bytes);
+    for (const auto& [p, n] : reads) maps.read_sparsely(p, n, false), maps.release(p, n);
     for (int e : fresh) slots[e].ready.store(true, std::memory_order_release);
 }
 
